@@ -1,0 +1,52 @@
+# Thin wrappers; the logic lives in checks/, trainer/ and playbooks/.
+PYTHON    ?= python3
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+INVENTORY ?=
+LEVEL     ?= standard
+ARGS      ?=
+# `make test` here pins the CPU build of torch that installs from local disk; a GPU host passes
+# VENV=/opt/nodecert/venv (made by the pytorch role) and nothing is installed into it.
+TORCH_PIN ?= torch==2.13.0
+
+ifeq ($(VENV),.venv)
+RUN_DEPS := $(VENV)/.stamp-run
+DEV_DEPS := $(VENV)/.stamp-dev
+endif
+
+.PHONY: venv verify test lint provision bench clean
+
+$(VENV)/.stamp-run: pyproject.toml
+	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_PIN) -e .
+	touch $@
+
+$(VENV)/.stamp-dev: $(VENV)/.stamp-run
+	$(PY) -m pip install -q $(TORCH_PIN) -e '.[dev]'
+	touch $@
+
+venv: $(RUN_DEPS) $(DEV_DEPS)
+
+ifeq ($(INVENTORY),)
+verify: $(RUN_DEPS)
+	$(PY) -m checks --level $(LEVEL) $(ARGS)
+else
+verify: $(DEV_DEPS)
+	$(VENV)/bin/ansible-playbook -i "$(INVENTORY)" playbooks/verify.yml -e verify_level=$(LEVEL) $(ARGS)
+endif
+
+test: $(DEV_DEPS)
+	$(PY) -m pytest $(ARGS)
+
+lint: $(DEV_DEPS)
+	$(VENV)/bin/ruff check checks trainer tests benchmarks
+	cd playbooks && ../$(VENV)/bin/ansible-lint --profile production
+
+provision: $(DEV_DEPS)
+	@test -f "$(or $(INVENTORY),inventory)" || { echo "error: no inventory file '$(or $(INVENTORY),inventory)'; copy inventory.example to inventory, list your GPU hosts, then run: make provision INVENTORY=inventory" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook -i "$(or $(INVENTORY),inventory)" playbooks/provision.yml $(if $(CHECK),--check --diff) $(ARGS)
+
+bench: $(DEV_DEPS)
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) reports .cache

@@ -1,0 +1,75 @@
+"""What a check receives: the hardware backend, the profile, the options and earlier outcomes."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .hw.base import Backend, GpuHandle, HardwareError, PciDevice
+from .model import CheckOutcome, Device
+from .profiles import Profile
+
+
+@dataclass
+class Options:
+    level: str = "standard"
+    expect_gpus: int | None = None
+    expect_driver: str | None = None  # branch ("550") or full version ("550.90.07")
+    expect_cuda: str | None = None  # minimum CUDA version the driver must support ("12.4")
+    duration_s: float = 600.0  # burn-in duration
+    nproc: int | None = None  # ranks for collective/acceptance stages (default: GPUs, or 2 on CPU)
+    workdir: str | None = None  # scratch space for multi-process checks
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Gpu:
+    """One NVML-visible GPU with its identity read once."""
+
+    handle: GpuHandle
+    device: Device
+
+
+class Context:
+    def __init__(self, hw: Backend, profile: Profile, options: Options) -> None:
+        self.hw = hw
+        self.profile = profile
+        self.options = options
+        self.outcomes: dict[str, CheckOutcome] = {}
+        self._lock = threading.Lock()
+
+    # Reads shared by several checks are done once per run.
+    @functools.cached_property
+    def pci(self) -> list[PciDevice]:
+        return self.hw.pci_devices()
+
+    @property
+    def pci_gpus(self) -> list[PciDevice]:
+        return [d for d in self.pci if d.is_nvidia_gpu]
+
+    @property
+    def nvswitches(self) -> list[PciDevice]:
+        return [d for d in self.pci if d.is_nvswitch]
+
+    @functools.cached_property
+    def gpus(self) -> list[Gpu]:
+        """NVML-visible GPUs. Raises NvmlUnavailable (checks needing it depend on driver-loaded)."""
+        nvml = self.hw.nvml()
+        gpus = []
+        for index in range(nvml.device_count()):
+            handle = nvml.gpu(index)
+            gpus.append(Gpu(handle, Device(index=index, pci=_try(handle, "pci_bus_id"),
+                                            uuid=_try(handle, "uuid"), name=_try(handle, "name"))))
+        return gpus
+
+    def pci_device(self, address: str | None) -> PciDevice | None:
+        return next((d for d in self.pci if d.address == address), None)
+
+
+def _try(handle: GpuHandle, field_name: str) -> Any:
+    try:
+        return handle.query(field_name)
+    except HardwareError:
+        return None

@@ -1,0 +1,190 @@
+"""The hardware-access boundary: the only interface through which checks see the machine.
+
+Two implementations: `linux.LinuxBackend` (sysfs, /proc, NVML, the kernel log, torch) and
+`fixture.FixtureBackend` (a scenario file). Checks receive a `Backend` and never know which.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NVIDIA_VENDOR = 0x10DE
+# PCI class codes (class << 8 | subclass): display VGA, 3D controller, bridge "other" (NVSwitch).
+CLASS_VGA = 0x0300
+CLASS_3D = 0x0302
+CLASS_BRIDGE_OTHER = 0x0680
+
+
+class HardwareError(Exception):
+    """A source could not be read (permission, I/O, library failure)."""
+
+
+class NotSupported(HardwareError):
+    """The device or driver does not implement this query. Distinct from a failure."""
+
+
+class NvmlUnavailable(HardwareError):
+    """NVML could not be initialised. `kind` says why: library_missing, driver_not_loaded, ..."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class GpuLost(HardwareError):
+    """NVML reports the GPU as lost (fell off the bus)."""
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str  # 0000:3b:00.0
+    vendor: int
+    device: int
+    class_code: int  # 24-bit class; class_code >> 8 is class/subclass
+    driver: str | None = None
+    numa_node: int | None = None
+    current_link_speed: str | None = None  # as sysfs prints it: "16.0 GT/s PCIe"
+    max_link_speed: str | None = None
+    current_link_width: int | None = None
+    max_link_width: int | None = None
+
+    @property
+    def base_class(self) -> int:
+        return self.class_code >> 8
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        return self.vendor == NVIDIA_VENDOR and self.base_class in (CLASS_VGA, CLASS_3D)
+
+    @property
+    def is_nvswitch(self) -> bool:
+        return self.vendor == NVIDIA_VENDOR and self.base_class == CLASS_BRIDGE_OTHER
+
+
+@dataclass(frozen=True)
+class ShmInfo:
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass
+class TorchInfo:
+    """What the installed torch sees. `error` set when torch could not be imported."""
+
+    version: str | None = None
+    cuda: str | None = None  # torch.version.cuda, None for a CPU build
+    cuda_available: bool = False
+    device_count: int = 0
+    arch_list: list[str] = field(default_factory=list)
+    nccl: str | None = None
+    cudnn: int | None = None
+    capabilities: list[tuple[int, int]] = field(default_factory=list)
+    device_names: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+# Field names every GPU handle answers. Values: see linux/nvml.py for units.
+GPU_FIELDS = (
+    "name", "uuid", "pci_bus_id", "serial", "memory_total_bytes", "compute_capability",
+    "persistence_mode", "ecc_mode", "ecc_volatile_uncorrected", "ecc_volatile_corrected",
+    "ecc_aggregate_uncorrected", "ecc_aggregate_corrected", "retired_pages_sbe",
+    "retired_pages_dbe", "retired_pages_pending", "remapped_rows", "pcie_gen_current",
+    "pcie_gen_max", "pcie_width_current", "pcie_width_max", "pcie_replay_counter",
+    "clock_event_reasons", "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c",
+    "power_w", "power_limit_w", "power_default_limit_w", "nvlink", "mig_mode", "sm_clock_mhz",
+    "sm_clock_max_mhz", "utilization_gpu",
+)
+
+
+class GpuHandle(abc.ABC):
+    """One GPU as NVML sees it."""
+
+    index: int
+
+    @abc.abstractmethod
+    def query(self, field_name: str) -> Any:
+        """Return the value of one GPU_FIELDS entry; raise NotSupported / HardwareError."""
+
+
+class Nvml(abc.ABC):
+    @abc.abstractmethod
+    def driver_version(self) -> str: ...
+
+    @abc.abstractmethod
+    def cuda_driver_version(self) -> int:
+        """CUDA version the driver supports, as NVML encodes it (12040 = 12.4)."""
+
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def gpu(self, index: int) -> GpuHandle: ...
+
+
+class Backend(abc.ABC):
+    """Everything checks read from the machine."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def pci_devices(self) -> list[PciDevice]: ...
+
+    @abc.abstractmethod
+    def nvml(self) -> Nvml:
+        """Initialised NVML; raises NvmlUnavailable."""
+
+    @abc.abstractmethod
+    def proc_driver_version(self) -> str | None:
+        """Text of /proc/driver/nvidia/version, None when the kernel module is not loaded."""
+
+    @abc.abstractmethod
+    def loaded_modules(self) -> set[str]: ...
+
+    @abc.abstractmethod
+    def module_signer(self, module: str) -> str | None:
+        """Who signed a kernel module (modinfo signer), None when unsigned or unknown."""
+
+    @abc.abstractmethod
+    def kernel_log(self) -> list[str]:
+        """Kernel messages since boot."""
+
+    @abc.abstractmethod
+    def os_release(self) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    def kernel_release(self) -> str: ...
+
+    @abc.abstractmethod
+    def secure_boot(self) -> bool | None:
+        """True/False, None when the machine does not say (no EFI)."""
+
+    @abc.abstractmethod
+    def shm(self) -> ShmInfo: ...
+
+    @abc.abstractmethod
+    def memlock_limit(self) -> int:
+        """Soft RLIMIT_MEMLOCK in bytes, -1 for unlimited."""
+
+    @abc.abstractmethod
+    def cpu_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def numa_nodes(self) -> dict[int, int]:
+        """NUMA node id -> number of CPUs in it."""
+
+    @abc.abstractmethod
+    def service_state(self, unit: str) -> str:
+        """systemd ActiveState of a unit ('active', 'inactive', 'failed', 'unknown')."""
+
+    @abc.abstractmethod
+    def torch(self) -> TorchInfo: ...
+
+    @abc.abstractmethod
+    def environ(self) -> Mapping[str, str]: ...
+
+    @property
+    def simulated(self) -> bool:
+        return False

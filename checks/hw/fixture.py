@@ -1,0 +1,336 @@
+"""A scenario file in place of the machine: the same checks run through it unchanged.
+
+The format is documented in README.md ("Scenario files"). A scenario may `extends:` another
+(a shipped name or a path relative to it); mappings merge, lists replace, and
+`gpu_overrides: {INDEX: {...}}` patches single GPUs of the inherited list.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .base import (
+    GPU_FIELDS,
+    Backend,
+    GpuHandle,
+    GpuLost,
+    HardwareError,
+    NotSupported,
+    Nvml,
+    NvmlUnavailable,
+    PciDevice,
+    ShmInfo,
+    TorchInfo,
+)
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
+            "nvswitches", "torch", "measurements"}
+HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
+             "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env"}
+DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
+# Per-GPU keys that describe the PCI side rather than NVML answers.
+GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link"}
+TORCH_KEYS = {"version", "cuda", "cuda_available", "device_count", "arch_list", "nccl", "cudnn",
+              "error"}
+NVML_KINDS = {"ok", "library_missing", "driver_not_loaded", "bindings_missing", "init_failed",
+              "no_permission"}
+NVSWITCH_DEVICE_ID = 0x22A3
+
+
+class ScenarioError(Exception):
+    """The scenario file is malformed; the message is one line naming the file and the problem."""
+
+
+def resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (SCENARIO_DIR / name_or_path, SCENARIO_DIR / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ScenarioError(f"scenario {name_or_path!r}: no such file or shipped scenario "
+                        f"(shipped: {', '.join(shipped())})")
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(over)
+
+
+def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = resolve(name_or_path).resolve()
+    if path in _seen:
+        raise ScenarioError(f"{path}: 'extends' loops back to itself")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+    parent = data.get("extends")
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ScenarioError(f"{path}: 'extends' must be a scenario name or path")
+        rel = path.parent / parent
+        base = load_scenario(str(rel) if rel.is_file() else parent, (*_seen, path))
+        overrides = data.pop("gpu_overrides", None)
+        data = _merge(base, {k: v for k, v in data.items() if k != "extends"})
+        if overrides is not None:
+            data["gpu_overrides"] = overrides
+    _apply_overrides(path, data)
+    _validate(path, data)
+    data["_path"] = str(path)
+    return data
+
+
+def _apply_overrides(path: Path, data: dict[str, Any]) -> None:
+    overrides = data.pop("gpu_overrides", None) or {}
+    if not isinstance(overrides, dict):
+        raise ScenarioError(f"{path}: gpu_overrides must map GPU index to fields")
+    gpus = data.get("gpus") or []
+    for key, patch in overrides.items():
+        try:
+            index = int(key)
+            gpus[index] = _merge(gpus[index], patch)
+        except (ValueError, IndexError):
+            raise ScenarioError(f"{path}: gpu_overrides index {key!r} is not one of the "
+                                f"{len(gpus)} GPUs") from None
+        except TypeError:
+            raise ScenarioError(f"{path}: gpu_overrides[{key}] must be a mapping") from None
+
+
+def _validate(path: Path, data: dict[str, Any]) -> None:
+    def check_keys(section: str, value: Any, allowed: set[str]) -> None:
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            raise ScenarioError(f"{path}: '{section}' must be a mapping")
+        bad = set(value) - allowed
+        if bad:
+            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad)} in '{section}'")
+
+    check_keys("host", data.get("host"), HOST_KEYS)
+    check_keys("driver", data.get("driver"), DRIVER_KEYS)
+    check_keys("torch", data.get("torch"), TORCH_KEYS)
+    gpu_keys = set(GPU_FIELDS) | GPU_PCI_KEYS
+    check_keys("gpu_defaults", data.get("gpu_defaults"), gpu_keys)
+    gpus = data.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise ScenarioError(f"{path}: 'gpus' must be a list")
+    for i, gpu in enumerate(gpus):
+        check_keys(f"gpus[{i}]", gpu, gpu_keys)
+        if not (gpu or {}).get("pci_bus_id") and not (data.get("gpu_defaults") or {}).get(
+                "pci_bus_id"):
+            raise ScenarioError(f"{path}: gpus[{i}] has no pci_bus_id")
+    nvml = (data.get("driver") or {}).get("nvml", "ok")
+    if nvml not in NVML_KINDS:
+        raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
+    for key in ("cpu_count", "shm_bytes"):
+        value = (data.get("host") or {}).get(key)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
+
+
+def _value(raw: Any) -> Any:
+    """Scenario spelling of a failed query: `not_supported` or `{error: text}`."""
+    if raw == "not_supported":
+        raise NotSupported("not supported (scenario)")
+    if isinstance(raw, dict) and set(raw) == {"error"}:
+        raise HardwareError(str(raw["error"]))
+    return raw
+
+
+class FixtureGpu(GpuHandle):
+    def __init__(self, index: int, fields: dict[str, Any]) -> None:
+        self.index = index
+        self._fields = fields
+
+    def query(self, field_name: str) -> Any:
+        if field_name not in GPU_FIELDS:
+            raise KeyError(f"unknown GPU field {field_name!r}")
+        if self._fields.get("lost"):
+            raise GpuLost("GPU is lost (scenario)")
+        if field_name not in self._fields:
+            raise NotSupported(f"{field_name} not given in the scenario")
+        value = _value(self._fields[field_name])
+        if field_name == "compute_capability" and isinstance(value, str):
+            major, minor = value.split(".")
+            return int(major), int(minor)
+        if field_name == "nvlink" and isinstance(value, dict):
+            return _expand_nvlink(value)
+        return value
+
+
+def _expand_nvlink(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Compact scenario form {links: 18, inactive: [3], errors: {5: {replay: 200}}} -> per link."""
+    inactive = {int(i) for i in spec.get("inactive", [])}
+    errors = {int(k): v for k, v in (spec.get("errors") or {}).items()}
+    return [{"link": i, "active": i not in inactive,
+             "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, **errors.get(i, {})}}
+            for i in range(int(spec.get("links", 0)))]
+
+
+class FixtureNvml(Nvml):
+    def __init__(self, driver: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
+        self._driver = driver
+        self._gpus = gpus
+
+    def driver_version(self) -> str:
+        return str(_value(self._driver.get("version", "0")))
+
+    def cuda_driver_version(self) -> int:
+        return int(_value(self._driver.get("cuda_version", 0)))
+
+    def device_count(self) -> int:
+        return len(self._gpus)
+
+    def gpu(self, index: int) -> GpuHandle:
+        if not 0 <= index < len(self._gpus):
+            raise HardwareError(f"invalid GPU index {index}")
+        return FixtureGpu(index, self._gpus[index])
+
+
+class FixtureBackend(Backend):
+    name = "fixture"
+
+    def __init__(self, scenario: dict[str, Any]) -> None:
+        self.scenario = scenario
+        self.path = scenario.get("_path", "<memory>")
+        self._host = scenario.get("host") or {}
+        self._driver = scenario.get("driver") or {}
+        defaults = scenario.get("gpu_defaults") or {}
+        self._gpus = [_merge(defaults, gpu or {}) for gpu in scenario.get("gpus") or []]
+
+    @classmethod
+    def from_file(cls, name_or_path: str) -> FixtureBackend:
+        return cls(load_scenario(name_or_path))
+
+    @property
+    def simulated(self) -> bool:
+        return True
+
+    def pci_devices(self) -> list[PciDevice]:
+        devices = []
+        for gpu in self._gpus:
+            if gpu.get("on_pci", True) is False:
+                continue
+            link = gpu.get("link") or {}
+            devices.append(PciDevice(
+                address=gpu["pci_bus_id"], vendor=0x10DE, device=int(gpu.get("pci_device_id", 0)),
+                class_code=0x030200, driver="nvidia" if self._nvml_kind() == "ok" else None,
+                numa_node=gpu.get("numa_node"), current_link_speed=link.get("speed"),
+                max_link_speed=link.get("max_speed"), current_link_width=link.get("width"),
+                max_link_width=link.get("max_width")))
+        for address in self.scenario.get("nvswitches") or []:
+            devices.append(PciDevice(address=address, vendor=0x10DE, device=NVSWITCH_DEVICE_ID,
+                                     class_code=0x068000, driver="nvidia-nvswitch"))
+        return sorted(devices, key=lambda d: d.address)
+
+    def _nvml_kind(self) -> str:
+        return str(self._driver.get("nvml", "ok"))
+
+    def nvml(self) -> Nvml:
+        kind = self._nvml_kind()
+        if kind != "ok":
+            raise NvmlUnavailable(kind, f"NVML init failed: {kind.replace('_', ' ')} (scenario)")
+        visible = [g for g in self._gpus if g.get("nvml_visible", True) and g.get("on_pci", True)]
+        return FixtureNvml(self._driver, visible)
+
+    def proc_driver_version(self) -> str | None:
+        if "proc_version" in self._driver:
+            return self._driver["proc_version"]
+        if self._nvml_kind() != "ok" or "nvidia" not in self.loaded_modules():
+            return None
+        version = self._driver.get("version", "0")
+        return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  "
+                f"Release Build  (scenario)")
+
+    def loaded_modules(self) -> set[str]:
+        return set(self._host.get("modules", []))
+
+    def module_signer(self, module: str) -> str | None:
+        return (self._host.get("module_signers") or {}).get(module)
+
+    def kernel_log(self) -> list[str]:
+        return [str(line) for line in _value(self._host.get("kernel_log", []))]
+
+    def os_release(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self._host.get("os_release") or {}).items()}
+
+    def kernel_release(self) -> str:
+        return str(self._host.get("kernel", "unknown"))
+
+    def secure_boot(self) -> bool | None:
+        return self._host.get("secure_boot")
+
+    def shm(self) -> ShmInfo:
+        total = _value(self._host.get("shm_bytes", 8 << 30))
+        return ShmInfo(total_bytes=total, free_bytes=self._host.get("shm_free_bytes", total))
+
+    def memlock_limit(self) -> int:
+        value = self._host.get("memlock", "unlimited")
+        return -1 if value == "unlimited" else int(value)
+
+    def cpu_count(self) -> int:
+        return int(self._host.get("cpu_count", 8))
+
+    def numa_nodes(self) -> dict[int, int]:
+        nodes = self._host.get("numa_nodes") or {0: self.cpu_count()}
+        return {int(k): int(v) for k, v in nodes.items()}
+
+    def service_state(self, unit: str) -> str:
+        return str((self._host.get("services") or {}).get(unit, "inactive"))
+
+    def torch(self) -> TorchInfo:
+        spec = dict(self.scenario.get("torch") or {})
+        info = TorchInfo(**{k: v for k, v in spec.items() if k != "device_count"})
+        if not spec:
+            info.version = "2.13.0+cpu"
+        if "device_count" in spec:
+            info.device_count = int(spec["device_count"])
+        elif info.cuda_available:
+            info.device_count = len(self._torch_visible())
+        if info.cuda_available:
+            gpus = self._torch_visible()[: info.device_count]
+            info.capabilities = [FixtureGpu(i, g).query("compute_capability")
+                                 for i, g in enumerate(gpus) if "compute_capability" in g]
+            info.device_names = [str(g.get("name", "")) for g in gpus]
+        return info
+
+    def _torch_visible(self) -> list[dict[str, Any]]:
+        gpus = [g for g in self._gpus if g.get("nvml_visible", True) and g.get("on_pci", True)
+                and not g.get("lost")]
+        cvd = self.environ().get("CUDA_VISIBLE_DEVICES")
+        if cvd is None:
+            return gpus
+        picked = []
+        for token in filter(None, (t.strip() for t in cvd.split(","))):
+            if not token.isdigit() or int(token) >= len(gpus):
+                break  # CUDA stops at the first invalid entry
+            picked.append(gpus[int(token)])
+        return picked
+
+    def environ(self) -> Mapping[str, str]:
+        return {str(k): str(v) for k, v in (self._host.get("env") or {}).items()}
+
+    def measurements(self) -> dict[str, Any]:
+        return dict(self.scenario.get("measurements") or {})

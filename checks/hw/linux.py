@@ -1,0 +1,164 @@
+"""The real machine: sysfs, /proc, the kernel log, systemd, NVML (through nvml.py) and torch."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from . import nvml as nvml_module
+from .base import Backend, HardwareError, Nvml, PciDevice, ShmInfo, TorchInfo
+from .torchview import read_torch
+
+SYS_PCI = Path("/sys/bus/pci/devices")
+EFI_VARS = Path("/sys/firmware/efi/efivars")
+# SecureBoot-<EFI global variable GUID>: 4 attribute bytes, then 1 data byte.
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _int(text: str | None, base: int = 10) -> int | None:
+    try:
+        return int(text, base) if text is not None else None
+    except ValueError:
+        return None
+
+
+class LinuxBackend(Backend):
+    name = "linux"
+
+    def __init__(self, sys_pci: Path = SYS_PCI) -> None:
+        self._sys_pci = sys_pci
+        self._torch: TorchInfo | None = None
+
+    def pci_devices(self) -> list[PciDevice]:
+        if not self._sys_pci.is_dir():
+            raise HardwareError(f"{self._sys_pci} is missing: is sysfs mounted?")
+        devices = []
+        for entry in sorted(self._sys_pci.iterdir()):
+            vendor = _int(_read(entry / "vendor"), 16)
+            device = _int(_read(entry / "device"), 16)
+            klass = _int(_read(entry / "class"), 16)
+            if vendor is None or device is None or klass is None:
+                continue
+            driver = entry / "driver"
+            devices.append(PciDevice(
+                address=entry.name,
+                vendor=vendor,
+                device=device,
+                class_code=klass,
+                driver=driver.resolve().name if driver.exists() else None,
+                numa_node=_int(_read(entry / "numa_node")),
+                current_link_speed=_read(entry / "current_link_speed"),
+                max_link_speed=_read(entry / "max_link_speed"),
+                current_link_width=_int(_read(entry / "current_link_width")),
+                max_link_width=_int(_read(entry / "max_link_width")),
+            ))
+        return devices
+
+    def nvml(self) -> Nvml:
+        return nvml_module.open_nvml()
+
+    def proc_driver_version(self) -> str | None:
+        return _read(Path("/proc/driver/nvidia/version"))
+
+    def loaded_modules(self) -> set[str]:
+        text = _read(Path("/proc/modules"))
+        if text is not None:
+            return {line.split()[0] for line in text.splitlines() if line.strip()}
+        # No /proc/modules: a kernel without loadable modules. Built-in drivers still appear
+        # under /sys/module (only those with parameters), which is the best view there is.
+        sys_module = Path("/sys/module")
+        if not sys_module.is_dir():
+            raise HardwareError("neither /proc/modules nor /sys/module is readable")
+        return {entry.name for entry in sys_module.iterdir()}
+
+    def module_signer(self, module: str) -> str | None:
+        if shutil.which("modinfo") is None:
+            return None
+        proc = subprocess.run(["modinfo", "-F", "signer", module], capture_output=True,
+                              text=True, timeout=10, check=False)
+        return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+    def kernel_log(self) -> list[str]:
+        # journalctl -k -b limits to this boot; dmesg is the kernel ring buffer (also this boot).
+        for cmd in (["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"],
+                    ["dmesg", "--kernel", "--notime"]):
+            if shutil.which(cmd[0]) is None:
+                continue
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+            if proc.returncode == 0 and proc.stdout.strip():
+                return proc.stdout.splitlines()
+        raise HardwareError("cannot read the kernel log (journalctl -k and dmesg both failed; "
+                            "run as root or set kernel.dmesg_restrict=0)")
+
+    def os_release(self) -> dict[str, str]:
+        return dict(platform.freedesktop_os_release())
+
+    def kernel_release(self) -> str:
+        return platform.release()
+
+    def secure_boot(self) -> bool | None:
+        var = EFI_VARS / SECURE_BOOT_VAR
+        if not EFI_VARS.is_dir():
+            return None
+        try:
+            data = var.read_bytes()
+        except OSError:
+            return None
+        return len(data) >= 5 and data[4] == 1
+
+    def shm(self) -> ShmInfo:
+        try:
+            st = os.statvfs("/dev/shm")
+        except OSError as exc:
+            raise HardwareError(f"/dev/shm: {exc.strerror}") from exc
+        return ShmInfo(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize)
+
+    def memlock_limit(self) -> int:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        return -1 if soft == resource.RLIM_INFINITY else soft
+
+    def cpu_count(self) -> int:
+        return len(os.sched_getaffinity(0))
+
+    def numa_nodes(self) -> dict[int, int]:
+        nodes: dict[int, int] = {}
+        base = Path("/sys/devices/system/node")
+        for node in sorted(base.glob("node[0-9]*")):
+            cpus = _read(node / "cpulist") or ""
+            nodes[int(node.name[4:])] = _count_cpulist(cpus)
+        return nodes or {0: self.cpu_count()}
+
+    def service_state(self, unit: str) -> str:
+        if shutil.which("systemctl") is None:
+            return "unknown"
+        proc = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit],
+                              capture_output=True, text=True, timeout=10, check=False)
+        return proc.stdout.strip() or "unknown"
+
+    def torch(self) -> TorchInfo:
+        if self._torch is None:
+            self._torch = read_torch()
+        return self._torch
+
+    def environ(self) -> Mapping[str, str]:
+        return os.environ
+
+
+def _count_cpulist(text: str) -> int:
+    count = 0
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count

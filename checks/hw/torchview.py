@@ -1,0 +1,31 @@
+"""What the installed torch reports about CUDA. The only place checks learn torch's view."""
+
+from __future__ import annotations
+
+from .base import TorchInfo
+
+
+def read_torch() -> TorchInfo:
+    try:
+        import torch
+    except Exception as exc:  # a broken install raises more than ImportError
+        return TorchInfo(error=f"cannot import torch: {exc}")
+    info = TorchInfo(version=torch.__version__, cuda=torch.version.cuda)
+    try:
+        info.cuda_available = bool(torch.cuda.is_available())
+        info.device_count = torch.cuda.device_count() if info.cuda_available else 0
+        if info.cuda is not None:
+            info.arch_list = list(torch.cuda.get_arch_list())
+        for i in range(info.device_count):
+            info.capabilities.append(tuple(torch.cuda.get_device_capability(i)))  # type: ignore[arg-type]
+            info.device_names.append(torch.cuda.get_device_name(i))
+        if info.cuda is not None and torch.distributed.is_available():
+            nccl = getattr(torch.cuda, "nccl", None)
+            if nccl is not None:
+                version = nccl.version()
+                info.nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        if torch.backends.cudnn.is_available():
+            info.cudnn = torch.backends.cudnn.version()
+    except Exception as exc:  # CUDA init failures surface here (e.g. error 802, driver too old)
+        info.error = f"torch.cuda failed: {exc}"
+    return info

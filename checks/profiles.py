@@ -1,0 +1,113 @@
+"""Per-GPU-model thresholds, kept as data in checks/profiles/*.yaml.
+
+A profile `extends:` another (normally `generic`); mappings merge. It is chosen by --profile,
+else by the NVIDIA GPUs' PCI device IDs (readable with no driver), else by NVML's model name.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+GENERIC = "generic"
+
+
+class ProfileError(Exception):
+    """Unknown or malformed profile (one-line message)."""
+
+
+@dataclass
+class Profile:
+    name: str
+    data: dict[str, Any]
+    # Why this profile was chosen (e.g. "PCI device 0x2330"), or why it fell back to generic.
+    reason: str = ""
+    unknown_models: list[str] = field(default_factory=list)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def require(self, dotted: str) -> Any:
+        value = self.get(dotted)
+        if value is None:
+            raise ProfileError(f"profile {self.name} has no '{dotted}'")
+        return value
+
+    @property
+    def description(self) -> str:
+        return str(self.data.get("description", self.name))
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
+    path = PROFILE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(available())}")
+    if name in _seen:
+        raise ProfileError(f"profile {name}: 'extends' loops")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: top level must be a mapping")
+    parent = data.pop("extends", None)
+    if parent:
+        data = _merge(load(parent, (*_seen, name)).data, data)
+    data["name"] = name
+    return Profile(name=name, data=data)
+
+
+def _matches(profile: Profile, device_ids: Iterable[int], names: Iterable[str]) -> str | None:
+    match = profile.get("match") or {}
+    ids = {int(i) for i in match.get("pci_device_ids", [])}
+    for dev in device_ids:
+        if dev in ids:
+            return f"PCI device 0x{dev:04x}"
+    for pattern in match.get("names", []):
+        for name in names:
+            if re.search(pattern, name, re.IGNORECASE):
+                return f"model name {name!r}"
+    return None
+
+
+def detect(device_ids: list[int], names: list[str]) -> Profile:
+    """The model profile matching these GPUs; generic (with the unknown models listed) if none."""
+    candidates = [load(n) for n in available() if n != GENERIC]
+    for profile in candidates:
+        why = _matches(profile, device_ids, names)
+        if why:
+            profile.reason = f"detected from {why}"
+            return profile
+    generic = load(GENERIC)
+    if device_ids or names:
+        generic.unknown_models = sorted({*(f"0x{d:04x}" for d in device_ids), *names})
+        generic.reason = f"no model profile matches {', '.join(generic.unknown_models)}"
+    else:
+        generic.reason = "no NVIDIA GPU found"
+    return generic

@@ -1,0 +1,1 @@
+"""Check modules; each registers its checks with @check on import."""

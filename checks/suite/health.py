@@ -1,0 +1,354 @@
+"""Per-GPU health from NVML and the kernel log (what DCGM r1 and the cloud health checks read)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+
+from ..context import Context, Gpu
+from ..hw.base import NotSupported
+from ..model import Device, Result, fail, passed, skip, warn
+from ..perdevice import each_gpu
+from ..registry import check
+
+DRIVER = ("driver-loaded",)
+REMEDY_RMA = "drain the node and open an RMA for this GPU (quote serial and the fault code)"
+
+
+@check("persistence-mode", code="GPU001", title="persistence mode on", needs=DRIVER)
+def persistence_mode(ctx: Context) -> Iterator[Result]:
+    """Without persistence the driver tears down and re-initialises GPUs between jobs (slow
+    starts, lost state). Profile: persistence.required."""
+    required = bool(ctx.profile.get("persistence.required", True))
+
+    def measure(gpu: Gpu) -> Result:
+        on = gpu.handle.query("persistence_mode")
+        if not on and required:
+            return warn("persistence mode is off", value=False, expected="on",
+                        remedy="systemctl enable --now nvidia-persistenced (make provision)")
+        return passed(f"persistence mode {'on' if on else 'off'}", value=bool(on))
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("ecc-errors", code="GPU002", title="ECC enabled, no uncorrectable errors", needs=DRIVER)
+def ecc_errors(ctx: Context) -> Iterator[Result]:
+    """Volatile (since boot) uncorrectable ECC errors fail; large correctable counts warn.
+    Thresholds: profile ecc.*."""
+    p = ctx.profile
+
+    def measure(gpu: Gpu) -> Result:
+        q = gpu.handle.query
+        if not q("ecc_mode"):
+            if p.get("ecc.required", True):
+                return warn("ECC is disabled", value=False, expected="enabled",
+                            remedy="nvidia-smi -e 1 and reboot (datacenter GPUs train with ECC on)")
+            return passed("ECC disabled (not required by the profile)", value=False)
+        vol_unc = int(q("ecc_volatile_uncorrected"))
+        vol_cor = int(q("ecc_volatile_corrected"))
+        agg_cor = int(q("ecc_aggregate_corrected"))
+        counts = {"volatile_uncorrected": vol_unc, "volatile_corrected": vol_cor,
+                  "aggregate_corrected": agg_cor}
+        limit = int(p.require("ecc.volatile_uncorrected_max"))
+        if vol_unc > limit:
+            return fail(f"{vol_unc} uncorrectable ECC error(s) since boot", value=vol_unc,
+                        expected=f"<= {limit}", details=counts,
+                        remedy="drain the node; reset the GPU (nvidia-smi -r) to trigger row "
+                               "remapping, re-run; if errors return, " + REMEDY_RMA)
+        vol_warn, agg_warn = int(p.require("ecc.volatile_corrected_warn")), int(
+            p.require("ecc.aggregate_corrected_warn"))
+        if vol_cor > vol_warn or agg_cor > agg_warn:
+            return warn(f"high correctable ECC counts (volatile {vol_cor}, aggregate {agg_cor})",
+                        value=vol_cor, expected=f"volatile <= {vol_warn}, aggregate <= {agg_warn}",
+                        details=counts, remedy="watch the trend; plan an RMA if it keeps rising")
+        return passed(f"ECC on, 0 uncorrectable, {vol_cor} correctable since boot", value=vol_unc,
+                      expected=f"<= {limit} uncorrectable", details=counts)
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("retired-pages", code="GPU003", title="retired memory pages (pre-Ampere GPUs)",
+       needs=DRIVER)
+def retired_pages(ctx: Context) -> Iterator[Result]:
+    """Pages retired for ECC errors; pending retirement or more than retired_pages.max fails.
+    Ampere and newer remap rows instead (see row-remap) and report SKIP here."""
+    limit = int(ctx.profile.require("retired_pages.max"))
+
+    def measure(gpu: Gpu) -> Result:
+        q = gpu.handle.query
+        sbe, dbe, pending = int(q("retired_pages_sbe")), int(q("retired_pages_dbe")), bool(
+            q("retired_pages_pending"))
+        total = sbe + dbe
+        if pending:
+            return fail(f"page retirement pending ({total} retired)", value=total,
+                        remedy="reset the GPU or reboot to apply the retirement, then re-verify")
+        if total > limit:
+            return fail(f"{total} retired pages ({dbe} double-bit)", value=total,
+                        expected=f"<= {limit}", remedy=REMEDY_RMA)
+        return passed(f"{total} retired pages", value=total, expected=f"<= {limit}")
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("row-remap", code="GPU004", title="row remapping: nothing pending or failed", needs=DRIVER)
+def row_remap(ctx: Context) -> Iterator[Result]:
+    """Ampere+ remap HBM rows after uncorrectable errors; a pending remap needs a GPU reset, a
+    failed remap means the spare rows are exhausted."""
+    warn_at = int(ctx.profile.require("row_remap.uncorrectable_warn"))
+
+    def measure(gpu: Gpu) -> Result:
+        rows = gpu.handle.query("remapped_rows")
+        if rows.get("failed"):
+            return fail("row remapping failed (no spare rows left)", value=rows,
+                        remedy=REMEDY_RMA)
+        if rows.get("pending"):
+            return fail("row remap pending: the GPU must be reset before it is used", value=rows,
+                        remedy="drain, reset the GPU (nvidia-smi -r -i N) or reboot, re-verify")
+        if int(rows.get("uncorrectable", 0)) >= warn_at:
+            return warn(f"{rows['uncorrectable']} rows remapped for uncorrectable errors",
+                        value=rows, expected=f"< {warn_at}",
+                        remedy="watch the trend; RMA if remaps keep growing")
+        return passed(f"no remap pending ({rows.get('correctable', 0)} correctable, "
+                      f"{rows.get('uncorrectable', 0)} uncorrectable remapped)", value=rows)
+
+    yield from each_gpu(ctx, measure)
+
+
+XID_RE = re.compile(r"NVRM: Xid \(PCI:(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+                    r"(?:\.\d)?\): (\d+)")
+
+
+@check("xid-events", code="GPU005", title="no hardware XID events since boot",
+       needs=("pci-gpus",))
+def xid_events(ctx: Context) -> Iterator[Result]:
+    """Scans the kernel log of this boot for NVRM Xid lines; XIDs in the profile's
+    xid.hardware list fail, others warn. Readable without the driver."""
+    hardware = set(ctx.profile.get("xid.hardware", []))
+    software = set(ctx.profile.get("xid.software", []))
+    events: Counter[tuple[str, int]] = Counter()
+    last: dict[tuple[str, int], str] = {}
+    for line in ctx.hw.kernel_log():
+        match = XID_RE.search(line)
+        if match:
+            key = (f"{(match.group(1) or '0000').lower()}:{match.group(2).lower()}",
+                   int(match.group(3)))
+            events[key] += 1
+            last[key] = line.strip()
+    if not events:
+        yield passed("no XID events in the kernel log since boot", value=0)
+        return
+    by_bus = {d.address.rsplit(".", 1)[0]: d.address for d in ctx.pci_gpus}
+    for (bus, xid), count in sorted(events.items()):
+        device = Device(pci=by_bus.get(bus, bus))
+        details = {"xid": xid, "count": count, "last": last[(bus, xid)]}
+        if xid in hardware:
+            yield fail(f"XID {xid} (hardware) x{count} on {device.pci}", value=xid,
+                       device=device, details=details, expected="no hardware XID",
+                       remedy="drain the node; XID 79/48/63/64/94/95 point at the GPU or its "
+                              "memory: reset or reboot, re-verify, RMA if it recurs")
+        else:
+            kind = "software/application" if xid in software else "unclassified"
+            yield warn(f"XID {xid} ({kind}) x{count} on {device.pci}", value=xid, device=device,
+                       details=details,
+                       remedy="usually a job fault (bad memory access, killed process); look at "
+                              "the job that ran at that time")
+
+
+@check("pcie-link", code="GPU006", title="PCIe link at full width and generation", needs=DRIVER)
+def pcie_link(ctx: Context) -> Iterator[Result]:
+    """Width below the maximum fails (a x8 link halves host bandwidth). Idle GPUs downclock the
+    link generation, so generation is judged by the maximum and only warned under load."""
+    p = ctx.profile
+    min_gen = int(p.require("pcie.min_gen"))
+    replay_warn = int(p.require("pcie.replay_warn"))
+    profile_gen = p.get("pcie.max_gen")
+
+    def measure(gpu: Gpu) -> Result:
+        q = gpu.handle.query
+        gen, gen_max = int(q("pcie_gen_current")), int(q("pcie_gen_max"))
+        width, width_max = int(q("pcie_width_current")), int(q("pcie_width_max"))
+        shown = f"Gen{gen} x{width} (max Gen{gen_max} x{width_max})"
+        link = {"gen": gen, "gen_max": gen_max, "width": width, "width_max": width_max}
+        if width < width_max:
+            return fail(f"PCIe link trained at x{width}, device supports x{width_max}: {shown}",
+                        value=width, unit="lanes", expected=f"x{width_max}", details=link,
+                        remedy="reseat the GPU / riser, check the slot and BIOS bifurcation "
+                               "settings; persistent narrow links are a hardware fault")
+        if gen_max < min_gen or (profile_gen and gen_max < int(profile_gen)):
+            want = max(min_gen, int(profile_gen or 0))
+            return fail(f"PCIe max generation Gen{gen_max}, expected Gen{want}: {shown}",
+                        value=gen_max, expected=f"Gen{want}", details=link,
+                        remedy="check BIOS PCIe speed settings and the riser/retimer")
+        try:
+            replays = int(q("pcie_replay_counter"))
+        except NotSupported:
+            replays = 0
+        if replays > replay_warn:
+            return warn(f"{replays} PCIe replays (link errors): {shown}", value=replays,
+                        expected=f"<= {replay_warn}", details=link,
+                        remedy="reseat the GPU; replays that keep rising mean a marginal link")
+        try:
+            busy = int(q("utilization_gpu")) > 0
+        except NotSupported:
+            busy = False
+        if busy and gen < gen_max:
+            return warn(f"GPU busy but link at Gen{gen}: {shown}", value=gen,
+                        expected=f"Gen{gen_max} under load", details=link,
+                        remedy="check ASPM/power settings in the BIOS")
+        idle = " (idle: generation downclocked)" if gen < gen_max else ""
+        return passed(f"{shown}{idle}", value=width, unit="lanes", expected=f"x{width_max}",
+                      details=link)
+
+    yield from each_gpu(ctx, measure)
+
+
+# NVML clock event reason bits (nvmlClocksEventReason*).
+THROTTLE_BAD = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
+                0x80: "HW power brake"}
+THROTTLE_INFO = {0x1: "idle", 0x2: "application clocks", 0x4: "SW power cap", 0x10: "sync boost",
+                 0x100: "display clock"}
+
+
+@check("clock-throttle", code="GPU007", title="no thermal or hardware clock slowdown",
+       needs=DRIVER)
+def clock_throttle(ctx: Context) -> Iterator[Result]:
+    """Clock event reasons: thermal, HW slowdown and power brake fail; idle and the software
+    power cap are normal."""
+
+    def measure(gpu: Gpu) -> Result:
+        reasons = int(gpu.handle.query("clock_event_reasons"))
+        bad = [name for bit, name in THROTTLE_BAD.items() if reasons & bit]
+        info = [name for bit, name in THROTTLE_INFO.items() if reasons & bit]
+        if bad:
+            return fail(f"clocks throttled: {', '.join(bad)} (reasons 0x{reasons:x})",
+                        value=f"0x{reasons:x}", expected="no thermal/HW slowdown",
+                        remedy="check cooling (fans, airflow, inlet temperature) and power "
+                               "supply; HW slowdown with normal temperature points at the board")
+        return passed(f"no slowdown ({', '.join(info) or 'running at full clocks'})",
+                      value=f"0x{reasons:x}")
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("gpu-temperature", code="GPU008", title="GPU temperature below the slowdown threshold",
+       needs=DRIVER)
+def gpu_temperature(ctx: Context) -> Iterator[Result]:
+    """At or above NVML's slowdown threshold fails; within thermal.slowdown_margin_c warns."""
+    margin = int(ctx.profile.require("thermal.slowdown_margin_c"))
+
+    def measure(gpu: Gpu) -> Result:
+        temp, slowdown = int(gpu.handle.query("temperature_c")), int(
+            gpu.handle.query("temperature_slowdown_c"))
+        expected = f"< {slowdown - margin} C (slowdown {slowdown} C)"
+        if temp >= slowdown:
+            return fail(f"{temp} C, at or above the slowdown threshold {slowdown} C", value=temp,
+                        unit="C", expected=expected,
+                        remedy="check fans, airflow and inlet temperature; drain until cooled")
+        if temp >= slowdown - margin:
+            return warn(f"{temp} C, within {margin} C of slowdown", value=temp, unit="C",
+                        expected=expected, remedy="check cooling")
+        return passed(f"{temp} C", value=temp, unit="C", expected=expected)
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("gpu-power", code="GPU009", title="power limit not capped", needs=DRIVER)
+def gpu_power(ctx: Context) -> Iterator[Result]:
+    """An enforced power limit below power.min_limit_fraction of the default (or of the
+    profile's power.default_limit_w) slows training without any error."""
+    fraction = float(ctx.profile.require("power.min_limit_fraction"))
+    profile_default = ctx.profile.get("power.default_limit_w")
+
+    def measure(gpu: Gpu) -> Result:
+        q = gpu.handle.query
+        limit, draw = float(q("power_limit_w")), float(q("power_w"))
+        try:
+            default = float(q("power_default_limit_w"))
+        except NotSupported:
+            if profile_default is None:
+                raise
+            default = float(profile_default)
+        expected = f">= {fraction * default:.0f} W (default {default:.0f} W)"
+        if limit < fraction * default:
+            return warn(f"power limit {limit:.0f} W is below the default {default:.0f} W",
+                        value=limit, unit="W", expected=expected,
+                        remedy="nvidia-smi -pl <default> (or remove the cap set by a script)")
+        return passed(f"limit {limit:.0f} W, drawing {draw:.0f} W", value=limit, unit="W",
+                      expected=expected)
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("nvlink", code="GPU010", title="NVLink links up and error counters low", needs=DRIVER)
+def nvlink(ctx: Context) -> Iterator[Result]:
+    """Links expected up (profile nvlink.links, else every link NVML lists) must be active;
+    replay/recovery/CRC counters above nvlink.error_warn warn."""
+    expected_links = ctx.profile.get("nvlink.links")
+    error_warn = int(ctx.profile.require("nvlink.error_warn"))
+    if expected_links == 0:
+        yield skip(f"profile {ctx.profile.name} has no NVLink")
+        return
+
+    def measure(gpu: Gpu) -> Result:
+        try:
+            links = gpu.handle.query("nvlink")
+        except NotSupported:
+            if expected_links:
+                return fail(f"NVLink not supported/reported, {expected_links} links expected",
+                            value=0, expected=str(expected_links),
+                            remedy="check the driver and Fabric Manager; reboot")
+            raise
+        active = [lk["link"] for lk in links if lk["active"]]
+        want = int(expected_links) if expected_links is not None else len(links)
+        down = [lk["link"] for lk in links if not lk["active"]][: max(0, want - len(active))]
+        if len(active) < want:
+            return fail(f"{len(active)} of {want} NVLink links up (down: "
+                        f"{', '.join(map(str, down)) or 'missing'})", value=len(active),
+                        expected=str(want), details={"down": down},
+                        remedy="reset the GPU or reboot; a link that stays down is a baseboard "
+                               "or GPU fault: " + REMEDY_RMA)
+        noisy = {lk["link"]: lk["errors"] for lk in links
+                 if any(v > error_warn for v in lk["errors"].values())}
+        if noisy:
+            return warn(f"NVLink error counters above {error_warn} on links "
+                        f"{', '.join(map(str, noisy))}", value=len(active), details=noisy,
+                        remedy="watch the trend; rising replay/CRC counts mean a marginal link")
+        return passed(f"{len(active)}/{want} links up, counters low", value=len(active),
+                      expected=str(want))
+
+    yield from each_gpu(ctx, measure)
+
+
+@check("fabric-manager", code="GPU011", title="Fabric Manager running on NVSwitch systems",
+       needs=DRIVER)
+def fabric_manager(ctx: Context) -> Result:
+    """NVSwitch systems need nvidia-fabricmanager (same version as the driver) active, or CUDA
+    fails with error 802. SKIP without NVSwitch."""
+    switches = ctx.nvswitches
+    if not switches and not ctx.profile.get("nvswitch"):
+        return skip("no NVSwitch on the PCI bus")
+    state = ctx.hw.service_state("nvidia-fabricmanager")
+    if state != "active":
+        return fail(f"nvidia-fabricmanager is {state} with {len(switches)} NVSwitch(es)",
+                    value=state, expected="active",
+                    remedy="install nvidia-fabricmanager of the driver's exact version and "
+                           "systemctl enable --now nvidia-fabricmanager (make provision)")
+    return passed(f"nvidia-fabricmanager active ({len(switches)} NVSwitches)", value=state,
+                  expected="active")
+
+
+@check("mig-mode", code="GPU012", title="MIG mode as expected", needs=DRIVER)
+def mig_mode(ctx: Context) -> Iterator[Result]:
+    """Training nodes normally run with MIG off (profile mig.expected)."""
+    expected = bool(ctx.profile.get("mig.expected", False))
+
+    def measure(gpu: Gpu) -> Result:
+        enabled = bool(gpu.handle.query("mig_mode"))
+        shown = "enabled" if enabled else "disabled"
+        if enabled != expected:
+            return warn(f"MIG {shown}, expected {'enabled' if expected else 'disabled'}",
+                        value=enabled, remedy="nvidia-smi -mig 0 (or 1) and reset the GPU")
+        return passed(f"MIG {shown}", value=enabled)
+
+    yield from each_gpu(ctx, measure)

@@ -1,0 +1,245 @@
+"""GPU inventory: PCI bus vs driver vs NVML vs torch, driver and CUDA versions, torch's build."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from ..context import Context
+from ..hw.base import HardwareError, NvmlUnavailable
+from ..model import Device, Result, error, fail, passed, skip, warn
+from ..registry import check
+
+NO_GPU = "no NVIDIA device on the PCI bus"
+REMEDY_DRIVER = ("install the NVIDIA driver (`make provision`), then reboot so the kernel module "
+                 "loads; check `dmesg | grep -i nvrm` for load errors")
+
+
+def _visible_indices(ctx: Context, nvml_count: int) -> list[int] | None:
+    """GPU indices CUDA_VISIBLE_DEVICES lets torch see; None when unset."""
+    cvd = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return None
+    picked: list[int] = []
+    for token in filter(None, (t.strip() for t in cvd.split(","))):
+        if token.startswith(("GPU-", "MIG-")):
+            uuids = [g.device.uuid for g in ctx.gpus]
+            match = [i for i, u in enumerate(uuids) if u and u.startswith(token)]
+            if not match:
+                break
+            picked.append(match[0])
+        elif token.isdigit() and int(token) < nvml_count:
+            picked.append(int(token))
+        else:
+            break  # CUDA ignores everything from the first invalid entry on
+    return picked
+
+
+@check("pci-gpus", code="INV001", title="NVIDIA GPUs on the PCI bus", stage="inventory")
+def pci_gpus(ctx: Context) -> Result:
+    """Counts NVIDIA display/3D controllers (and NVSwitch bridges) on the PCI bus, the ground
+    truth that needs no driver. SKIP (and every GPU check with it) when there are none."""
+    gpus, switches = ctx.pci_gpus, ctx.nvswitches
+    expect = ctx.options.expect_gpus
+    details = {"gpus": [f"{d.address} 0x{d.device:04x}" for d in gpus],
+               "nvswitches": [d.address for d in switches]}
+    if not gpus:
+        if expect:
+            return fail(f"{NO_GPU}, expected {expect}", value=0, expected=str(expect),
+                        remedy="check the GPUs are seated and enabled in the BIOS (lspci -d 10de:)")
+        return skip(NO_GPU, value=0, details=details)
+    what = f"{len(gpus)} GPU(s)" + (f" and {len(switches)} NVSwitch(es)" if switches else "")
+    if expect is not None and len(gpus) != expect:
+        return fail(f"{what} on the PCI bus, expected {expect} GPUs", value=len(gpus),
+                    expected=str(expect), details=details,
+                    remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
+                           "power cables and BIOS PCIe settings, or RMA")
+    return passed(f"{what} on the PCI bus", value=len(gpus),
+                  expected=str(expect) if expect is not None else None, details=details)
+
+
+@check("driver-loaded", code="INV002", title="NVIDIA kernel driver loaded and NVML answers",
+       stage="inventory", needs=("pci-gpus",))
+def driver_loaded(ctx: Context) -> Result:
+    """GPUs on the PCI bus with no loaded driver or no NVML library is a FAIL, not a skip."""
+    count = len(ctx.pci_gpus)
+    proc = ctx.hw.proc_driver_version()
+    try:
+        nvml = ctx.hw.nvml()
+    except NvmlUnavailable as exc:
+        messages = {
+            "library_missing": "NVML library (libnvidia-ml.so.1) is missing",
+            "bindings_missing": "the nvidia-ml-py bindings are not installed",
+            "driver_not_loaded": "the NVIDIA kernel driver is not loaded",
+            "no_permission": "no permission to open the NVIDIA devices",
+        }
+        what = messages.get(exc.kind, str(exc))
+        remedy = ("pip install nvidia-ml-py into this environment" if exc.kind == "bindings_missing"
+                  else REMEDY_DRIVER)
+        return fail(f"{what} while {count} NVIDIA GPU(s) are on the PCI bus", value=exc.kind,
+                    expected="driver loaded, NVML initialised", remedy=remedy)
+    if proc is None:
+        return fail(f"NVML answers but /proc/driver/nvidia/version is missing ({count} GPUs)",
+                    remedy=REMEDY_DRIVER)
+    version = nvml.driver_version()
+    return passed(f"driver {version} loaded, NVML initialised", value=version)
+
+
+@check("gpu-profile", code="INV003", title="GPU model has a threshold profile", stage="inventory",
+       needs=("pci-gpus",))
+def gpu_profile(ctx: Context) -> Result:
+    """Which per-model profile supplies the thresholds; unknown models fall back to generic."""
+    profile = ctx.profile
+    if profile.unknown_models:
+        return warn(f"unknown GPU model {', '.join(profile.unknown_models)}: using the generic "
+                    "profile (no model-specific thresholds)", value=profile.name,
+                    remedy="add a profile under checks/profiles/ or pass --profile NAME")
+    return passed(f"profile {profile.name}: {profile.description} ({profile.reason})",
+                  value=profile.name)
+
+
+@check("gpu-count", code="INV004", title="every GPU on the PCI bus is seen by NVML and torch",
+       stage="inventory", needs=("driver-loaded",))
+def gpu_count(ctx: Context) -> Iterator[Result]:
+    """PCI count vs NVML count vs torch.cuda.device_count() (CUDA_VISIBLE_DEVICES applied).
+    A GPU on the bus but missing from NVML is named by its PCI address."""
+    pci = {d.address for d in ctx.pci_gpus}
+    nvml_gpus = ctx.gpus
+    seen = {g.device.pci for g in nvml_gpus}
+    missing = sorted(pci - seen)
+    values = {"pci": len(pci), "nvml": len(nvml_gpus)}
+    for address in missing:
+        yield fail(f"GPU {address} is on the PCI bus but NVML does not list it (fell off the bus "
+                   "or failed to initialise)", value=len(nvml_gpus), expected=str(len(pci)),
+                   remedy="check the kernel log for XIDs on this address (79: fell off the bus), "
+                          "reset the GPU (nvidia-smi -r) or reboot; if it recurs, RMA",
+                   details=values, device=Device(pci=address))
+    torch = ctx.hw.torch()
+    values["torch"] = torch.device_count
+    visible = _visible_indices(ctx, len(nvml_gpus))
+    want = len(nvml_gpus) if visible is None else len(visible)
+    note = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={ctx.hw.environ()['CUDA_VISIBLE_DEVICES']})"
+    if torch.error:
+        yield fail(f"torch cannot use CUDA: {torch.error}", details=values,
+                   remedy="match torch's CUDA build to the driver (see cuda-compat)")
+    elif torch.device_count != want:
+        yield fail(f"torch sees {torch.device_count} GPU(s), NVML {want}{note}",
+                   value=torch.device_count, expected=str(want), details=values,
+                   remedy="install a CUDA build of torch that matches the driver; check "
+                          "CUDA_VISIBLE_DEVICES and container --gpus settings")
+    if not missing and not torch.error and torch.device_count == want:
+        yield passed(f"{len(pci)} on PCI, {len(nvml_gpus)} in NVML, {torch.device_count} in "
+                     f"torch{note}", value=torch.device_count, expected=str(want), details=values)
+
+
+def _branch(version: str) -> int | None:
+    match = re.match(r"(\d+)", version)
+    return int(match.group(1)) if match else None
+
+
+@check("driver-version", code="INV005", title="driver version: kernel vs library vs expected",
+       stage="inventory", needs=("driver-loaded",))
+def driver_version(ctx: Context) -> Result:
+    """Loaded kernel module (/proc/driver/nvidia/version) must equal the user-space library
+    (NVML) and meet --expect-driver (branch or exact) or the profile's driver.min_branch."""
+    library = ctx.hw.nvml().driver_version()
+    proc = ctx.hw.proc_driver_version() or ""
+    match = re.search(r"\b(\d{3,}\.\d+(?:\.\d+)?)\b", proc)
+    kernel = match.group(1) if match else None
+    if kernel is None:
+        return error(f"cannot parse the loaded driver version from {proc[:80]!r}")
+    if kernel != library:
+        return fail(f"loaded kernel module {kernel} != user-space library {library} "
+                    "(\"Driver/library version mismatch\")", value=kernel, expected=library,
+                    remedy="the driver was upgraded without a reboot (or unattended-upgrades "
+                           "replaced it): reboot, and hold the driver packages")
+    expect = ctx.options.expect_driver
+    if expect:
+        ok = library == expect or (expect.isdigit() and _branch(library) == int(expect))
+        if not ok:
+            return fail(f"driver {library}, expected {expect}", value=library, expected=expect,
+                        remedy=f"provision driver branch {expect} (nvidia_driver_branch) and reboot")
+        return passed(f"driver {library} (expected {expect})", value=library, expected=expect)
+    minimum = int(ctx.profile.require("driver.min_branch"))
+    branch = _branch(library)
+    if branch is None or branch < minimum:
+        return fail(f"driver {library} is older than branch {minimum}", value=library,
+                    expected=f">= {minimum}", remedy="upgrade the driver branch (make provision)")
+    return passed(f"driver {library} (kernel module and library agree)", value=library,
+                  expected=f">= {minimum}")
+
+
+def _cuda_tuple(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+@check("cuda-compat", code="INV006", title="driver supports torch's CUDA version",
+       stage="inventory", needs=("driver-loaded",))
+def cuda_compat(ctx: Context) -> Result:
+    """torch.version.cuda must not be newer than the CUDA version the driver supports (NVML)."""
+    raw = ctx.hw.nvml().cuda_driver_version()
+    driver_cuda = (raw // 1000, (raw % 1000) // 10)
+    shown = f"{driver_cuda[0]}.{driver_cuda[1]}"
+    torch = ctx.hw.torch()
+    if torch.version is None:
+        return fail(f"torch is not importable: {torch.error}", expected="torch installed",
+                    remedy="install torch into this environment (make provision)")
+    if torch.cuda is None:
+        return fail(f"torch {torch.version} is a CPU-only build on a GPU host", value=None,
+                    expected=f"CUDA <= {shown}",
+                    remedy=f"install a CUDA build of torch for CUDA <= {shown} "
+                           "(pytorch_index_url in the pytorch role)")
+    expect = ctx.options.expect_cuda
+    if expect and driver_cuda < _cuda_tuple(expect):
+        return fail(f"driver supports CUDA {shown}, expected >= {expect}", value=shown,
+                    expected=f">= {expect}", remedy="upgrade the driver branch")
+    if _cuda_tuple(torch.cuda) > driver_cuda:
+        return fail(f"torch {torch.version} is built for CUDA {torch.cuda} but the driver "
+                    f"supports only CUDA {shown}", value=torch.cuda, expected=f"<= {shown}",
+                    remedy=f"install torch built for CUDA <= {shown}, or upgrade the driver")
+    return passed(f"torch CUDA {torch.cuda} <= driver CUDA {shown}", value=torch.cuda,
+                  expected=f"<= {shown}")
+
+
+@check("torch-arch", code="INV007", title="torch is compiled for every GPU's architecture",
+       stage="inventory", needs=("driver-loaded",))
+def torch_arch(ctx: Context) -> Iterator[Result]:
+    """Every GPU's compute capability is in torch.cuda.get_arch_list() (sm_XY, or a compute_XY
+    PTX target at or below it). Also reports torch's NCCL and cuDNN versions."""
+    torch = ctx.hw.torch()
+    if torch.cuda is None:
+        yield skip("torch is a CPU-only build (see cuda-compat)")
+        return
+    sm = {int(a[3:]) for a in torch.arch_list if a.startswith("sm_") and a[3:].isdigit()}
+    ptx = {int(a[8:]) for a in torch.arch_list if a.startswith("compute_") and a[8:].isdigit()}
+    versions = f"NCCL {torch.nccl or 'absent'}, cuDNN {torch.cudnn or 'absent'}"
+    details = {"arch_list": torch.arch_list, "nccl": torch.nccl, "cudnn": torch.cudnn}
+    caps: set[int] = set()
+    problems = 0
+    for gpu in ctx.gpus:
+        try:
+            major, minor = gpu.handle.query("compute_capability")
+        except HardwareError as exc:
+            problems += 1
+            yield error(f"cannot read compute capability: {exc}", device=gpu.device)
+            continue
+        cap = major * 10 + minor
+        caps.add(cap)
+        # Binary compatibility holds within a major version; PTX JIT-compiles for newer GPUs.
+        if cap not in sm and not any(s // 10 == major and s <= cap for s in sm) and \
+                not any(p <= cap for p in ptx):
+            problems += 1
+            yield fail(f"torch {torch.version} has no kernels for compute capability "
+                       f"{major}.{minor}", value=f"{major}.{minor}",
+                       expected=" ".join(torch.arch_list), device=gpu.device, details=details,
+                       remedy="install a torch build whose arch list includes this GPU "
+                              "(newer torch / CUDA)")
+    if torch.nccl is None:
+        problems += 1
+        yield fail(f"torch {torch.version} has no NCCL: multi-GPU training cannot run",
+                   details=details, remedy="install an official CUDA build of torch")
+    shown = ", ".join(f"{c // 10}.{c % 10}" for c in sorted(caps))
+    if not problems:
+        yield passed(f"arch list covers compute capability {shown}; {versions}", value=shown,
+                     details=details)

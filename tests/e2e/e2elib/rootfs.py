@@ -1,0 +1,201 @@
+"""Root filesystems that stand in for freshly installed hosts.
+
+A root is built once with debootstrap and cached as a tarball under `.cache/e2e/` (git-ignored);
+each test host unpacks its own copy in a few seconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# Bump when the recipe below changes in a way the cache key does not capture.
+RECIPE_VERSION = "1"
+
+# What every root gets beyond minbase: Ansible's apt module needs python3-apt; the pytorch role's
+# venv needs python3-venv and the pip module needs python3-packaging (the role also asks apt for
+# them, so on a real host they come from the archive).
+BASE_PACKAGES = ("python3", "python3-apt", "python3-venv", "python3-packaging")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One operating system the tests can target."""
+
+    name: str  # e.g. "debian12", used in cache names and test ids
+    suite: str  # debootstrap suite
+    mirror: str
+    check_gpg: bool  # bookworm has no Ubuntu archive keyring: Ubuntu roots skip the check
+
+    def release_url(self) -> str:
+        return f"{self.mirror.rstrip('/')}/dists/{self.suite}/Release"
+
+
+def debian_mirror(default: str = "http://deb.debian.org/debian") -> str:
+    """The Debian mirror this machine already uses (deb822 or one-line sources)."""
+    candidates = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
+    for path in candidates:
+        uris = suites = None
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "URIs":
+                uris = value.split()
+            elif key.strip() == "Suites":
+                suites = value.split()
+        if uris and suites and "bookworm" in suites:
+            return uris[0]
+    sources_list = Path("/etc/apt/sources.list")
+    if sources_list.exists():
+        for line in sources_list.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == "deb" and fields[2] == "bookworm":
+                return fields[1]
+    return default
+
+
+DEBIAN_12 = Release("debian12", "bookworm", debian_mirror(), check_gpg=True)
+UBUNTU_2204 = Release("ubuntu2204", "jammy", "http://archive.ubuntu.com/ubuntu", check_gpg=False)
+UBUNTU_2404 = Release("ubuntu2404", "noble", "http://archive.ubuntu.com/ubuntu", check_gpg=False)
+
+
+def archive_answers(release: Release, timeout: float = 5.0) -> str | None:
+    """None when the release's archive answers; otherwise the reason it does not."""
+    try:
+        with urllib.request.urlopen(release.release_url(), timeout=timeout) as response:
+            if response.status == 200:
+                return None
+            return f"{release.release_url()} answered HTTP {response.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{release.release_url()} did not answer: {exc}"
+
+
+def cached_tarball(release: Release, cache_dir: Path, packages: tuple[str, ...] = BASE_PACKAGES) -> Path:
+    """Path of the release's root tarball, building it with debootstrap when it is not cached."""
+    key = hashlib.sha256(
+        "\n".join([RECIPE_VERSION, release.suite, release.mirror, *packages]).encode()
+    ).hexdigest()[:12]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tarball = cache_dir / f"rootfs-{release.name}-{key}.tar"
+    # Two pytest runs at once must not both build (or read a half-written tarball).
+    with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not tarball.exists():
+            _build(release, packages, tarball)
+    return tarball
+
+
+def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
+    work = tarball.with_suffix(".build")
+    if work.exists():
+        remove_root(work)
+    command = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(packages)}",
+    ]
+    if not release.check_gpg:
+        command.append("--no-check-gpg")
+    command += [release.suite, str(work), release.mirror]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Build apt's binary caches now so that merely opening the cache on a host (python-apt does,
+    # even in check mode) finds them current and writes nothing.
+    subprocess.run(["chroot", str(work), "apt-cache", "stats"], check=True, stdout=subprocess.DEVNULL)
+    partial = tarball.with_suffix(".partial")
+    subprocess.run(
+        ["tar", "--numeric-owner", "--xattrs", "-C", str(work), "-cf", str(partial), "."],
+        check=True,
+    )
+    partial.rename(tarball)
+    remove_root(work)
+
+
+def unpack(tarball: Path, dest: Path) -> Path:
+    """A fresh copy of the root at dest."""
+    if dest.exists():
+        remove_root(dest)
+    dest.mkdir(parents=True)
+    subprocess.run(
+        ["tar", "--numeric-owner", "--xattrs", "-C", str(dest), "-xf", str(tarball)], check=True
+    )
+    return dest
+
+
+def remove_root(root: Path) -> None:
+    """Delete a root, refusing to descend into anything still mounted inside it."""
+    root = root.resolve()
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            mountpoint = line.split()[1]
+            if mountpoint == str(root) or mountpoint.startswith(f"{root}/"):
+                raise RuntimeError(f"{mountpoint} is still mounted; unmount it before removing {root}")
+    shutil.rmtree(root)
+
+
+def tree_digest(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """Map of relative path -> type, mode, owner and content (or link target) digest.
+
+    Compared before and after a run, any difference means the run changed the root.
+    """
+    result: dict[str, str] = {}
+    root = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = sorted(
+            d for d in dirnames if os.path.normpath(os.path.join(rel_dir, d)) not in exclude
+        )
+        for name in [*dirnames, *sorted(filenames)]:
+            path = os.path.join(dirpath, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if rel in exclude:
+                continue
+            st = os.lstat(path)
+            head = f"{stat.filemode(st.st_mode)} {st.st_uid}:{st.st_gid}"
+            if stat.S_ISLNK(st.st_mode):
+                result[rel] = f"{head} -> {os.readlink(path)}"
+            elif stat.S_ISREG(st.st_mode):
+                digest = hashlib.sha256()
+                with open(path, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(chunk)
+                result[rel] = f"{head} {digest.hexdigest()}"
+            else:
+                result[rel] = head
+    return result
+
+
+def patch_os_release(root: Path, distribution_id: str, version_id: str) -> None:
+    """Make the root claim another OS (the fault case for an unsupported OS)."""
+    os_release = root / "etc/os-release"
+    if os_release.is_symlink():
+        target = root / os.readlink(os_release).lstrip("/") if os.readlink(os_release).startswith("/") \
+            else os_release.parent / os.readlink(os_release)
+        text = target.read_text()
+        os_release.unlink()
+    else:
+        text = os_release.read_text()
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("ID="):
+            line = f"ID={distribution_id}"
+        elif line.startswith("VERSION_ID="):
+            line = f'VERSION_ID="{version_id}"'
+        elif line.startswith("PRETTY_NAME="):
+            line = f'PRETTY_NAME="{distribution_id} {version_id}"'
+        lines.append(line)
+    os_release.write_text("\n".join(lines) + "\n")
+    debian_version = root / "etc/debian_version"
+    if debian_version.exists():
+        debian_version.unlink()
+
+
+def tarball_of(root: Path) -> tarfile.TarFile:  # pragma: no cover - debugging aid
+    return tarfile.open(root)
