@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args, console, err)
     except (UsageError, ScenarioError, profiles.ProfileError) as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)

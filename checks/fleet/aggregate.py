@@ -1,0 +1,238 @@
+"""Fleet aggregation: many host reports of one run → one verdict, who failed what, stragglers.
+
+A host is named by its report's file name (the playbook fetches reports/<run-id>/<host>.json with
+the inventory name); the hostname recorded inside the report is kept as `hostname`.
+
+Host status in the fleet:
+  PASS     report PASS, no WARN result, not a straggler
+  WARN     report PASS with WARN results, or a straggler WARN
+  FAIL     report FAIL (any FAIL or ERROR result), or a straggler FAIL
+  ERROR    report unreadable (not JSON, or not valid against the report schema)
+  MISSING  expected (inventory) but no report; the caller's reason, e.g. "unreachable"
+The fleet passes when every host is PASS or WARN.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import profiles
+from ..model import Status
+from . import figures as figs
+from . import load as loader
+from . import stragglers as strag
+
+SCHEMA_VERSION = "1.0"
+HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")
+PROBLEM_STATUSES = ("FAIL", "ERROR", "MISSING")
+
+
+@dataclass
+class HostEntry:
+    host: str
+    status: str
+    reason: str | None = None
+    hostname: str | None = None
+    profile: str | None = None
+    summary: dict[str, int] | None = None
+    problems: list[str] = field(default_factory=list)  # check ids with FAIL/ERROR/WARN results
+    report: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "reason": self.reason,
+                "hostname": self.hostname, "profile": self.profile, "summary": self.summary,
+                "problems": self.problems}
+
+
+@dataclass
+class Occurrence:
+    """One host's non-passing results for one check."""
+
+    host: str
+    status: str
+    message: str
+    gpus: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass
+class CheckSpread:
+    """Which hosts one check did not pass on."""
+
+    check: str
+    code: str
+    title: str
+    occurrences: list[Occurrence]
+
+    @property
+    def status(self) -> str:
+        return str(max((Status(o.status) for o in self.occurrences), key=lambda s: s.severity))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "code": self.code, "title": self.title, "status": self.status,
+                "hosts": [o.to_dict() for o in self.occurrences]}
+
+
+@dataclass
+class Fleet:
+    run_id: str | None
+    source: str | None
+    hosts: list[HostEntry]
+    by_check: list[CheckSpread]
+    figure_stats: list[strag.FigureStats]
+    stragglers: list[strag.Straggler]
+    figures: list[figs.Figure]
+    curves: list[figs.Curve]
+    lemons: list[Any] = field(default_factory=list)  # history.Lemon, filled in by the caller
+    generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(h.status for h in self.hosts)
+        return {"hosts": len(self.hosts), **{s: counts.get(s, 0) for s in HOST_STATUSES}}
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if any(h.status in PROBLEM_STATUSES for h in self.hosts) else "PASS"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "FAIL" else 0
+
+    @property
+    def reports(self) -> list[dict[str, Any]]:
+        """The readable reports, each with `host` set to the fleet's name for it."""
+        return [h.report for h in self.hosts if h.report is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": loader.FLEET_SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id, "generated_at": self.generated_at, "source": self.source,
+            "straggler_rule": {"default_pct": strag.DEFAULT_PCT, "warn_fraction": strag.WARN_FRACTION,
+                               "min_peers": strag.MIN_PEERS},
+            "verdict": self.verdict, "exit_code": self.exit_code, "summary": self.summary,
+            "hosts": [h.to_dict() for h in self.hosts],
+            "by_check": [c.to_dict() for c in self.by_check],
+            "figures": [s.to_dict() for s in self.figure_stats],
+            "stragglers": [s.to_dict() for s in self.stragglers],
+            "lemons": [lemon.to_dict() for lemon in self.lemons],
+        }
+
+
+@functools.cache
+def straggler_pct(profile_name: str) -> float:
+    try:
+        value = profiles.load(profile_name).get("straggler_pct", strag.DEFAULT_PCT)
+    except profiles.ProfileError:
+        return strag.DEFAULT_PCT
+    return float(value) if isinstance(value, int | float) else strag.DEFAULT_PCT
+
+
+def _spread(entries: list[HostEntry]) -> list[CheckSpread]:
+    spreads: dict[str, CheckSpread] = {}
+    for entry in entries:
+        for chk in (entry.report or {}).get("checks", []):
+            bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
+            if not bad:
+                continue
+            worst = max(bad, key=lambda r: Status(r["status"]).severity)
+            gpus = sorted({ref.label() for r in bad if (ref := figs.GpuRef.from_device(r.get("device")))})
+            spread = spreads.setdefault(chk["id"], CheckSpread(chk["id"], chk["code"], chk["title"], []))
+            spread.occurrences.append(Occurrence(entry.host, worst["status"], worst["message"], gpus))
+            entry.problems.append(chk["id"])
+    order = {"FAIL": 0, "ERROR": 1, "WARN": 2}
+    return sorted(spreads.values(), key=lambda c: (order[c.status], -len(c.occurrences), c.check))
+
+
+def _host_status(report: dict[str, Any]) -> str:
+    if report["verdict"] == "FAIL":
+        return "FAIL"
+    return "WARN" if report["summary"].get("WARN") else "PASS"
+
+
+def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[str] | None = None,
+              host_errors: Mapping[str, str] | None = None, run_id: str | None = None,
+              source: str | None = None) -> Fleet:
+    """Aggregate the reports found. `expected_hosts` (the inventory) names the hosts that must
+    have a report; `host_errors` gives the caller's reason for a host without one."""
+    host_errors = dict(host_errors or {})
+    entries: dict[str, HostEntry] = {}
+    for item in found:
+        if item.report is None:
+            entries[item.host] = HostEntry(item.host, "ERROR", item.error or "report unreadable")
+            continue
+        report = {**item.report, "host": item.host}
+        entries[item.host] = HostEntry(
+            item.host, _host_status(report), host_errors.get(item.host), item.report["host"],
+            report["profile"]["name"], dict(report["summary"]), report=report)
+    for host in [*(expected_hosts or ()), *host_errors]:
+        if host not in entries:
+            entries[host] = HostEntry(host, "MISSING", host_errors.get(host) or "no report")
+    hosts = sorted(entries.values(), key=lambda h: h.host)
+    by_check = _spread(hosts)
+
+    figures: list[figs.Figure] = []
+    curves: list[figs.Curve] = []
+    for entry in hosts:
+        if entry.report is not None:
+            for item in figs.extract(entry.host, entry.report):
+                if isinstance(item, figs.Figure):
+                    figures.append(item)
+                else:
+                    curves.append(item)
+    profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
+    stats, stragglers = strag.find(figures, profile_of.__getitem__, straggler_pct)
+    worst_straggler: dict[str, str] = {}
+    for s in stragglers:
+        if worst_straggler.get(s.host) != "FAIL":
+            worst_straggler[s.host] = s.status
+    for entry in hosts:
+        slow = worst_straggler.get(entry.host)
+        if slow == "FAIL" and entry.status in ("PASS", "WARN"):
+            entry.status = "FAIL"
+        elif slow == "WARN" and entry.status == "PASS":
+            entry.status = "WARN"
+
+    if run_id is None:
+        ids = Counter(h.report.get("run_id") for h in hosts if h.report and h.report.get("run_id"))
+        run_id = ids.most_common(1)[0][0] if ids else None
+    return Fleet(run_id, source, hosts, by_check, stats, stragglers, figures, curves)
+
+
+def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:
+    """Aggregate reports already in memory (e.g. this host's, from `python -m checks --html`)."""
+    return aggregate((loader.HostReport(r["host"], r) for r in reports), **kw)
+
+
+def load(directory: str | Path, **kw: Any) -> Fleet:
+    """Load and aggregate reports/<run-id>/*.json; the run id defaults to the directory name."""
+    directory = Path(directory)
+    fleet = aggregate(loader.read_dir(directory), source=str(directory), **kw)
+    if fleet.run_id is None:
+        fleet.run_id = directory.name
+    return fleet
+
+
+def by_host(fleet: Fleet) -> dict[str, HostEntry]:
+    return {h.host: h for h in fleet.hosts}
+
+
+def gpu_stragglers(fleet: Fleet) -> dict[tuple[str, str | None], str]:
+    """(host, GPU uuid) → worst straggler status, for the history store and renderers."""
+    out: dict[tuple[str, str | None], str] = {}
+    for s in fleet.stragglers:
+        key = (s.host, s.gpu.uuid if s.gpu else None)
+        if out.get(key) != "FAIL":
+            out[key] = s.status
+    return out
+
+
+__all__ = ["Fleet", "HostEntry", "aggregate", "by_host", "from_reports", "load"]

@@ -1,0 +1,87 @@
+"""The figures convention: how a check publishes numbers the fleet compares across hosts.
+
+A result publishes figures in ``details["figures"]``, a mapping ``{name: number}``; the result's
+``device`` says which GPU the figure is about (``device: null`` = a host-level figure, such as the
+all-reduce bus bandwidth of the whole node). A name ends in its unit, and that unit says which way
+is better: names ending in ``_s``, ``_ms`` or ``_us`` are times (lower is better), every other
+figure, ``..._per_s`` included, is a rate or a size (higher is better).
+
+A result may also publish ``details["curve"]``, a list of points (flat mappings of numbers), for
+the plots: e.g. ``nccl-allreduce`` gives ``[{"bytes": 8, "busbw_gbs": ..., "algbw_gbs": ...,
+"time_us": ...}, ...]`` and ``dataloader-scaling`` gives ``[{"workers": 0, "samples_per_s": ...}]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+TIME_SUFFIXES = ("_s", "_ms", "_us")
+
+
+def higher_is_better(name: str) -> bool:
+    # "samples_per_s" is a rate, not a time.
+    return name.endswith("_per_s") or not name.endswith(TIME_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """The GPU a figure is about, as the report names it."""
+
+    index: int | None
+    pci: str | None
+    uuid: str | None
+
+    @classmethod
+    def from_device(cls, device: dict[str, Any] | None) -> GpuRef | None:
+        if not device or all(device.get(k) is None for k in ("index", "pci", "uuid")):
+            return None
+        return cls(device.get("index"), device.get("pci"), device.get("uuid"))
+
+    def label(self) -> str:
+        return f"GPU{self.index}" if self.index is not None else (self.pci or self.uuid or "GPU")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "pci": self.pci, "uuid": self.uuid}
+
+
+@dataclass(frozen=True)
+class Figure:
+    host: str
+    check: str
+    name: str
+    value: float
+    gpu: GpuRef | None  # None: a host-level figure
+
+
+@dataclass(frozen=True)
+class Curve:
+    host: str
+    check: str
+    gpu: GpuRef | None
+    points: tuple[dict[str, float], ...]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def extract(host: str, report: dict[str, Any]) -> Iterator[Figure | Curve]:
+    """Every figure and curve a report publishes; malformed entries are ignored, not fatal."""
+    for chk in report["checks"]:
+        for result in chk["results"]:
+            details = result.get("details") or {}
+            figures, curve = details.get("figures"), details.get("curve")
+            if not figures and not curve:
+                continue
+            gpu = GpuRef.from_device(result.get("device"))
+            if isinstance(figures, dict):
+                for name, value in figures.items():
+                    if _is_number(value):
+                        yield Figure(host, chk["id"], str(name), float(value), gpu)
+            if isinstance(curve, list):
+                points = tuple({k: float(v) for k, v in p.items() if _is_number(v)}
+                               for p in curve if isinstance(p, dict))
+                if points:
+                    yield Curve(host, chk["id"], gpu, points)

@@ -1,0 +1,117 @@
+"""The straggler rule: a GPU or host well below its peers' median, whatever its absolute figure.
+
+Peers are the figures with the same check id, figure name, GPU model profile and scope (per-GPU
+figures against per-GPU figures, host-level figures against host-level figures). With X the
+profile's ``straggler_pct`` (default 10) and the deficit measured from the peer median in the
+figure's bad direction (below it for rates, above it for times):
+
+- deficit > X %      → FAIL
+- deficit > X/2 %    → WARN
+- otherwise, or fewer than MIN_PEERS peers, or a median of 0 → nothing.
+
+A figure that passes its absolute threshold can still be a straggler: an absolute threshold is set
+for the slowest acceptable part of a model, a straggler is slow compared with the parts beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .figures import Figure, GpuRef, higher_is_better
+
+DEFAULT_PCT = 10.0
+WARN_FRACTION = 0.5
+MIN_PEERS = 3
+
+
+@dataclass(frozen=True)
+class PeerKey:
+    check: str
+    name: str
+    profile: str
+    scope: str  # "gpu" or "host"
+
+
+@dataclass(frozen=True)
+class FigureStats:
+    key: PeerKey
+    count: int
+    median: float
+    low: float
+    high: float
+    threshold_pct: float
+
+    @property
+    def higher_is_better(self) -> bool:
+        return higher_is_better(self.key.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.key.check, "name": self.key.name, "profile": self.key.profile,
+                "scope": self.key.scope, "better": "higher" if self.higher_is_better else "lower",
+                "count": self.count, "median": self.median, "min": self.low, "max": self.high,
+                "threshold_pct": self.threshold_pct}
+
+
+@dataclass(frozen=True)
+class Straggler:
+    host: str
+    check: str
+    name: str
+    gpu: GpuRef | None
+    value: float
+    median: float
+    deficit_pct: float
+    threshold_pct: float
+    status: str  # "FAIL" or "WARN"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "check": self.check, "name": self.name,
+                "gpu": self.gpu.to_dict() if self.gpu else None, "value": self.value,
+                "median": self.median, "deficit_pct": round(self.deficit_pct, 2),
+                "threshold_pct": self.threshold_pct, "status": self.status}
+
+
+def deficit_pct(value: float, median: float, higher_better: bool) -> float:
+    """How far `value` is on the bad side of `median`, in percent of it (negative: better)."""
+    gap = median - value if higher_better else value - median
+    return 100.0 * gap / median
+
+
+def classify(deficit: float, threshold_pct: float) -> str | None:
+    if deficit > threshold_pct:
+        return "FAIL"
+    if deficit > threshold_pct * WARN_FRACTION:
+        return "WARN"
+    return None
+
+
+def find(figures: Iterable[Figure], profile_of: Callable[[str], str],
+         pct_of: Callable[[str], float]) -> tuple[list[FigureStats], list[Straggler]]:
+    """Median per peer group and the stragglers in each; `profile_of(host)` names the host's
+    profile and `pct_of(profile)` gives its straggler_pct."""
+    groups: dict[PeerKey, list[Figure]] = defaultdict(list)
+    for fig in figures:
+        scope = "gpu" if fig.gpu else "host"
+        groups[PeerKey(fig.check, fig.name, profile_of(fig.host), scope)].append(fig)
+    stats: list[FigureStats] = []
+    stragglers: list[Straggler] = []
+    for key, members in sorted(groups.items(), key=lambda kv: tuple(vars(kv[0]).values())):
+        values = [f.value for f in members]
+        median = statistics.median(values)
+        pct = pct_of(key.profile)
+        stats.append(FigureStats(key, len(values), median, min(values), max(values), pct))
+        if len(values) < MIN_PEERS or median <= 0:
+            continue
+        better_high = higher_is_better(key.name)
+        for fig in members:
+            deficit = deficit_pct(fig.value, median, better_high)
+            status = classify(deficit, pct)
+            if status:
+                stragglers.append(Straggler(fig.host, fig.check, fig.name, fig.gpu, fig.value,
+                                            median, deficit, pct, status))
+    stragglers.sort(key=lambda s: (s.status != "FAIL", -s.deficit_pct, s.host))
+    return stats, stragglers

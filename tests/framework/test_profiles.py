@@ -1,0 +1,55 @@
+"""Thresholds are data: every profile loads, inherits generic, and detection picks the right one."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks import profiles
+
+REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_min",
+            "driver.min_branch", "ecc.volatile_uncorrected_max", "ecc.volatile_corrected_warn",
+            "ecc.aggregate_corrected_warn", "retired_pages.max", "row_remap.uncorrectable_warn",
+            "xid.hardware", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
+            "power.min_limit_fraction", "nvlink.error_warn", "straggler_pct"]
+MODELS = ["h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l40s", "l4", "a10"]
+
+
+def test_required_models_ship() -> None:
+    assert set(MODELS) | {"generic"} <= set(profiles.available())
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_profile_has_every_threshold(name: str) -> None:
+    profile = profiles.load(name)
+    for key in REQUIRED:
+        assert profile.get(key) is not None, f"{name} lacks {key}"
+    if name != "generic":
+        assert profile.get("peaks.bf16_tflops") and profile.get("peaks.mem_bw_gbs")
+        assert profile.get("match.pci_device_ids")
+
+
+@pytest.mark.parametrize("device_id,names,expected", [
+    ([0x2330] * 8, [], "h100-sxm"),
+    ([0x2331], [], "h100-pcie"),
+    ([0x2335], [], "h200"),
+    ([0x20B2], [], "a100-80gb"),
+    ([0x20B0], [], "a100-40gb"),
+    ([0x26B9], [], "l40s"),
+    ([0x27B8], [], "l4"),
+    ([0x2236], [], "a10"),
+    ([], ["NVIDIA H100 80GB HBM3"], "h100-sxm"),
+    ([], ["NVIDIA A10"], "a10"),
+])
+def test_detection(device_id: list[int], names: list[str], expected: str) -> None:
+    assert profiles.detect(device_id, names).name == expected
+
+
+def test_unknown_model_falls_back_to_generic_and_says_so() -> None:
+    profile = profiles.detect([0x9999], ["NVIDIA Future GPU"])
+    assert profile.name == "generic"
+    assert profile.unknown_models == ["0x9999", "NVIDIA Future GPU"]
+
+
+def test_unknown_profile_name_is_a_clear_error() -> None:
+    with pytest.raises(profiles.ProfileError, match="unknown profile 'x'; available"):
+        profiles.load("x")

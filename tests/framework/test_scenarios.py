@@ -1,0 +1,122 @@
+"""Every shipped fault scenario is caught by the right check; healthy scenarios raise nothing."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from checks.hw.fixture import shipped
+from checks.report import schema
+
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in report["checks"]}
+
+
+def problems(report: dict) -> dict[str, str]:
+    """Checks that did not PASS or SKIP."""
+    return {k: v for k, v in statuses(report).items() if v not in ("PASS", "SKIP")}
+
+# scenario -> the checks that must flag it (and no other check may FAIL/WARN/ERROR).
+FAULTS = {
+    "fault-gpu-missing-from-nvml": {"gpu-count": "FAIL"},
+    "fault-ecc-uncorrectable": {"ecc-errors": "FAIL"},
+    "fault-row-remap-pending": {"row-remap": "FAIL"},
+    "fault-xid-79": {"xid-events": "FAIL"},
+    "fault-pcie-x8": {"pcie-link": "FAIL"},
+    "fault-thermal-throttle": {"clock-throttle": "FAIL", "gpu-temperature": "FAIL"},
+    "fault-nvlink-down": {"nvlink": "FAIL"},
+    "fault-persistence-off": {"persistence-mode": "WARN"},
+    "fault-torch-newer-cuda": {"cuda-compat": "FAIL"},
+    "fault-nouveau-loaded": {"nouveau-not-loaded": "FAIL", "driver-loaded": "FAIL"},
+    "fault-shm-64mb": {"shm-size": "FAIL"},
+    "fault-nvml-missing": {"driver-loaded": "FAIL"},
+    "unknown-gpu-model": {"gpu-profile": "WARN"},
+}
+HEALTHY = ["h100-sxm-8x-healthy", "cpu-only-healthy"]
+
+
+def test_every_shipped_fault_scenario_has_an_expectation() -> None:
+    faults = {s for s in shipped() if s.startswith("fault-")}
+    assert faults <= set(FAULTS), f"untested scenarios: {faults - set(FAULTS)}"
+
+
+@pytest.mark.parametrize("scenario", HEALTHY)
+def test_healthy_scenario_raises_nothing(run_cli, scenario: str) -> None:
+    code, report, _ = run_cli("--simulate", scenario, "--level", "quick")
+    assert code == 0
+    assert problems(report) == {}
+    jsonschema.validate(report, schema())
+
+
+@pytest.mark.parametrize("scenario,expected", sorted(FAULTS.items()))
+def test_fault_scenario_is_caught_by_the_right_check(run_cli, scenario: str,
+                                                    expected: dict[str, str]) -> None:
+    code, report, _ = run_cli("--simulate", scenario, "--level", "quick")
+    assert problems(report) == expected
+    assert code == (1 if "FAIL" in expected.values() else 0)
+    jsonschema.validate(report, schema())
+    for chk in report["checks"]:
+        for result in chk["results"]:
+            if result["status"] in ("FAIL", "WARN"):
+                assert result["fault_code"] == chk["code"]
+                assert result["remedy"], f"{chk['id']} gives no remedy"
+
+
+def test_missing_gpu_is_named_by_pci_address(run_cli) -> None:
+    _, report, _ = run_cli("--simulate", "fault-gpu-missing-from-nvml", "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
+    failed = [r for r in chk["results"] if r["status"] == "FAIL"]
+    assert [r["device"]["pci"] for r in failed] == ["0000:ab:00.0"]
+    assert "7" in str(failed[0]["value"]) and failed[0]["expected"] == "8"
+
+
+def test_xid_is_attributed_to_its_gpu(run_cli) -> None:
+    _, report, _ = run_cli("--simulate", "fault-xid-79", "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == "xid-events"]
+    (result,) = chk["results"]
+    assert result["value"] == 79 and result["device"]["pci"] == "0000:9a:00.0"
+
+
+@pytest.mark.parametrize("scenario,check_id,device_index", [
+    ("fault-ecc-uncorrectable", "ecc-errors", 2),
+    ("fault-pcie-x8", "pcie-link", 1),
+    ("fault-nvlink-down", "nvlink", 4),
+    ("fault-thermal-throttle", "clock-throttle", 6),
+    ("fault-row-remap-pending", "row-remap", 3),
+])
+def test_per_gpu_fault_names_only_that_gpu(run_cli, scenario: str, check_id: str,
+                                           device_index: int) -> None:
+    _, report, _ = run_cli("--simulate", scenario, "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == check_id]
+    bad = [r["device"]["index"] for r in chk["results"] if r["status"] != "PASS"]
+    assert bad == [device_index]
+    assert len(chk["results"]) == 8
+
+
+def test_no_driver_blocks_dependent_checks(run_cli) -> None:
+    _, report, _ = run_cli("--simulate", "fault-nvml-missing", "--level", "quick")
+    by_id = {c["id"]: c for c in report["checks"]}
+    assert "NVML library" in by_id["driver-loaded"]["results"][0]["message"]
+    assert by_id["ecc-errors"]["status"] == "SKIP"
+    assert by_id["ecc-errors"]["results"][0]["message"] == "blocked by driver-loaded"
+
+
+def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
+    code, report, _ = run_cli("--simulate", "cpu-only-healthy", "--level", "quick")
+    st = statuses(report)
+    assert code == 0
+    assert st["pci-gpus"] == "SKIP" and st["ecc-errors"] == "SKIP"
+    assert st["shm-size"] == "PASS" and st["os-supported"] == "PASS"
+    reasons = {c["results"][0]["message"] for c in report["checks"] if c["status"] == "SKIP"}
+    assert reasons == {"no NVIDIA device on the PCI bus"}
+
+
+def test_cuda_visible_devices_limits_torch_view(run_cli, tmp_path) -> None:
+    scenario = tmp_path / "cvd.yaml"
+    scenario.write_text("extends: h100-sxm-8x-healthy\nhost:\n  env: {CUDA_VISIBLE_DEVICES: '0,3'}\n")
+    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
+    assert chk["status"] == "PASS" and chk["results"][0]["value"] == 2
+    assert "CUDA_VISIBLE_DEVICES=0,3" in chk["results"][0]["message"]
