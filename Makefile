@@ -14,7 +14,7 @@ RUN_DEPS := $(VENV)/.stamp-run
 DEV_DEPS := $(VENV)/.stamp-dev
 endif
 
-.PHONY: venv verify test lint provision bench clean
+.PHONY: venv verify test lint provision inventory-exists bench clean
 
 $(VENV)/.stamp-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_PIN) -e .
@@ -41,8 +41,11 @@ lint: $(DEV_DEPS)
 	$(VENV)/bin/ruff check checks trainer tests benchmarks
 	cd playbooks && ../$(VENV)/bin/ansible-lint --profile production
 
-provision: $(DEV_DEPS)
+# Never falls back to the implicit localhost: no inventory file is a usage error.
+inventory-exists:
 	@test -f "$(or $(INVENTORY),inventory)" || { echo "error: no inventory file '$(or $(INVENTORY),inventory)'; copy inventory.example to inventory, list your GPU hosts, then run: make provision INVENTORY=inventory" >&2; exit 2; }
+
+provision: inventory-exists $(DEV_DEPS)
 	$(VENV)/bin/ansible-playbook -i "$(or $(INVENTORY),inventory)" playbooks/provision.yml $(if $(CHECK),--check --diff) $(ARGS)
 
 bench: $(DEV_DEPS)

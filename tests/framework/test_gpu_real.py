@@ -36,7 +36,7 @@ def test_pci_and_nvml_and_torch_agree() -> None:
 
 
 def test_quick_level_on_this_gpu_host(run_cli) -> None:
-    code, report, _ = run_cli("--level", "quick")
+    _, report, _ = run_cli("--level", "quick")
     by_id = {c["id"]: c["status"] for c in report["checks"]}
     assert by_id["driver-loaded"] == "PASS"
     assert by_id["gpu-count"] == "PASS"

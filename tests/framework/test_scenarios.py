@@ -9,7 +9,6 @@ from checks.hw.fixture import shipped
 from checks.report import schema
 
 
-
 def statuses(report: dict) -> dict[str, str]:
     return {c["id"]: c["status"] for c in report["checks"]}
 
@@ -116,7 +115,7 @@ def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
 def test_cuda_visible_devices_limits_torch_view(run_cli, tmp_path) -> None:
     scenario = tmp_path / "cvd.yaml"
     scenario.write_text("extends: h100-sxm-8x-healthy\nhost:\n  env: {CUDA_VISIBLE_DEVICES: '0,3'}\n")
-    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
+    _, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
     (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
     assert chk["status"] == "PASS" and chk["results"][0]["value"] == 2
     assert "CUDA_VISIBLE_DEVICES=0,3" in chk["results"][0]["message"]
