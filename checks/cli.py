@@ -22,7 +22,7 @@ from .context import Context, Options
 from .hw.base import Backend, HardwareError
 from .hw.fixture import FixtureBackend, ScenarioError, shipped
 from .model import CheckOutcome
-from .render import junit, terminal
+from .render import html, junit, prometheus, terminal
 
 EXIT_USAGE = 2
 
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON report path (default: reports/<hostname>.json); '-' for stdout")
     p.add_argument("--no-json", action="store_true", help="do not write a JSON report")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report here")
+    p.add_argument("--prometheus", metavar="FILE",
+                   help="also write node_exporter textfile metrics (.prom) here, atomically")
     p.add_argument("--simulate", metavar="FILE|NAME",
                    help="read the hardware from a scenario file (YAML/JSON) instead of this "
                         f"machine; shipped scenarios: {', '.join(shipped())}")
@@ -196,6 +199,10 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
             err.print(f"report: {path}", highlight=False)
     if args.junit:
         junit.write([doc], args.junit)
+    if args.html:
+        html.write([doc], args.html)
+    if args.prometheus:
+        prometheus.write([doc], args.prometheus)
     if not args.quiet and args.json != "-":
         terminal.render(doc, console, verbose=args.verbose)
     return int(doc["exit_code"])

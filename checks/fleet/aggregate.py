@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import profiles
 from ..model import Status
 from . import figures as figs
 from . import load as loader
 from . import stragglers as strag
+
+if TYPE_CHECKING:
+    from .history import Lemon
 
 SCHEMA_VERSION = "1.0"
 HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")
@@ -89,9 +92,9 @@ class Fleet:
     by_check: list[CheckSpread]
     figure_stats: list[strag.FigureStats]
     stragglers: list[strag.Straggler]
-    figures: list[figs.Figure]
+    figure_groups: dict[strag.PeerKey, list[figs.Figure]]
     curves: list[figs.Curve]
-    lemons: list[Any] = field(default_factory=list)  # history.Lemon, filled in by the caller
+    lemons: list[Lemon] = field(default_factory=list)  # filled in from the history by the caller
     generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
 
     @property
@@ -183,13 +186,14 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     curves: list[figs.Curve] = []
     for entry in hosts:
         if entry.report is not None:
-            for item in figs.extract(entry.host, entry.report):
-                if isinstance(item, figs.Figure):
-                    figures.append(item)
+            for published in figs.extract(entry.host, entry.report):
+                if isinstance(published, figs.Figure):
+                    figures.append(published)
                 else:
-                    curves.append(item)
+                    curves.append(published)
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
-    stats, stragglers = strag.find(figures, profile_of.__getitem__, straggler_pct)
+    groups = strag.group(figures, profile_of.__getitem__)
+    stats, stragglers = strag.find(groups, straggler_pct)
     worst_straggler: dict[str, str] = {}
     for s in stragglers:
         if worst_straggler.get(s.host) != "FAIL":
@@ -204,7 +208,7 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     if run_id is None:
         ids = Counter(h.report.get("run_id") for h in hosts if h.report and h.report.get("run_id"))
         run_id = ids.most_common(1)[0][0] if ids else None
-    return Fleet(run_id, source, hosts, by_check, stats, stragglers, figures, curves)
+    return Fleet(run_id, source, hosts, by_check, stats, stragglers, groups, curves)
 
 
 def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:
@@ -215,24 +219,11 @@ def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:
 def load(directory: str | Path, **kw: Any) -> Fleet:
     """Load and aggregate reports/<run-id>/*.json; the run id defaults to the directory name."""
     directory = Path(directory)
-    fleet = aggregate(loader.read_dir(directory), source=str(directory), **kw)
+    with loader.gc_paused():
+        fleet = aggregate(loader.read_dir(directory), source=str(directory), **kw)
     if fleet.run_id is None:
         fleet.run_id = directory.name
     return fleet
 
 
-def by_host(fleet: Fleet) -> dict[str, HostEntry]:
-    return {h.host: h for h in fleet.hosts}
-
-
-def gpu_stragglers(fleet: Fleet) -> dict[tuple[str, str | None], str]:
-    """(host, GPU uuid) → worst straggler status, for the history store and renderers."""
-    out: dict[tuple[str, str | None], str] = {}
-    for s in fleet.stragglers:
-        key = (s.host, s.gpu.uuid if s.gpu else None)
-        if out.get(key) != "FAIL":
-            out[key] = s.status
-    return out
-
-
-__all__ = ["Fleet", "HostEntry", "aggregate", "by_host", "from_reports", "load"]
+__all__ = ["Fleet", "HostEntry", "aggregate", "from_reports", "load"]

@@ -89,17 +89,21 @@ def classify(deficit: float, threshold_pct: float) -> str | None:
     return None
 
 
-def find(figures: Iterable[Figure], profile_of: Callable[[str], str],
-         pct_of: Callable[[str], float]) -> tuple[list[FigureStats], list[Straggler]]:
-    """Median per peer group and the stragglers in each; `profile_of(host)` names the host's
-    profile and `pct_of(profile)` gives its straggler_pct."""
+def group(figures: Iterable[Figure], profile_of: Callable[[str], str]) -> dict[PeerKey, list[Figure]]:
+    """Figures by peer group; `profile_of(host)` names the host's GPU model profile."""
     groups: dict[PeerKey, list[Figure]] = defaultdict(list)
     for fig in figures:
-        scope = "gpu" if fig.gpu else "host"
-        groups[PeerKey(fig.check, fig.name, profile_of(fig.host), scope)].append(fig)
+        groups[PeerKey(fig.check, fig.name, profile_of(fig.host), "gpu" if fig.gpu else "host")].append(fig)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0].check, kv[0].name, kv[0].profile, kv[0].scope)))
+
+
+def find(groups: dict[PeerKey, list[Figure]],
+         pct_of: Callable[[str], float]) -> tuple[list[FigureStats], list[Straggler]]:
+    """The median of each peer group and the stragglers in it; `pct_of(profile)` gives the
+    profile's straggler_pct."""
     stats: list[FigureStats] = []
     stragglers: list[Straggler] = []
-    for key, members in sorted(groups.items(), key=lambda kv: tuple(vars(kv[0]).values())):
+    for key, members in groups.items():
         values = [f.value for f in members]
         median = statistics.median(values)
         pct = pct_of(key.profile)

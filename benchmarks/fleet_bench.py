@@ -1,0 +1,97 @@
+"""Fleet aggregation time for 1 000 hosts x 8 GPUs (goal: <= 2 s for load + validate + compute).
+
+    .venv/bin/python benchmarks/fleet_bench.py [--hosts 1000] [--repeat 3] [--check]
+
+Builds the reports (a real `python -m checks --simulate h100-sxm-8x-healthy` report per host, plus
+the workload figures and curves) in a temporary directory, then times checks.fleet.aggregate.load
+and its parts. JSON-schema validation is timed with both validators: jsonschema-rs (used when
+installed) and the pure-Python jsonschema (the fallback), the latter on a sample, extrapolated.
+--check exits 1 when over the goal (off by default: a shared machine's timings are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from checks.fleet import aggregate, load, synthetic
+
+GOAL_S = 2.0
+
+
+def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, float]:
+    """Best wall and CPU seconds of `repeat` runs (garbage of the previous run collected first)."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), min(cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hosts", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--check", action="store_true", help="exit 1 when over the goal")
+    args = p.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        t0 = time.perf_counter()
+        reports = synthetic.build(args.hosts, base=synthetic.base_report(), slow=[
+            synthetic.Slow(synthetic.host_name(7), "matmul_bf16_tflops", 0.8, gpu=3)])
+        directory = synthetic.write(reports, Path(tmp) / "run")
+        size_mb = sum(p.stat().st_size for p in directory.iterdir()) / 1e6
+        print(f"built {args.hosts} host reports x 8 GPUs ({size_mb:.0f} MB) in "
+              f"{time.perf_counter() - t0:.1f} s")
+
+        paths = sorted(directory.glob("*.json"))
+        blobs = [p.read_bytes() for p in paths]
+        with load.gc_paused():
+            docs = [json.loads(b) for b in blobs]
+        parse = best_of(args.repeat, lambda: [json.loads(b) for b in blobs])
+        with load.gc_paused():
+            parse_nogc = best_of(args.repeat, lambda: [json.loads(b) for b in blobs])
+        rows = [("json.loads, collector on", parse), ("json.loads, collector paused", parse_nogc)]
+        try:
+            fast = load.validator("rs")
+            rows.append(("validate (jsonschema-rs)", best_of(args.repeat, lambda: [fast(d) for d in docs])))
+        except ImportError:
+            print("jsonschema-rs not installed: validation uses the pure-Python jsonschema")
+        slow = load.validator("python")
+        sample = docs[:25]
+        wall, cpu = best_of(1, lambda: [slow(d) for d in sample])
+        scale = len(docs) / len(sample)
+        rows.append((f"validate (jsonschema, {len(sample)} extrapolated)", (wall * scale, cpu * scale)))
+        found = load.read_dir(directory)
+        with load.gc_paused():
+            rows.append(("compute (figures, medians, stragglers)",
+                         best_of(args.repeat, lambda: aggregate.aggregate(found))))
+        total = best_of(args.repeat, lambda: aggregate.load(directory))
+        rows.append(("aggregate.load total (load + validate + compute)", total))
+
+        fleet = aggregate.load(directory)
+        assert [(s.host, s.gpu.index if s.gpu else None) for s in fleet.stragglers] == [("node0007", 3)]
+    width = max(len(name) for name, _ in rows)
+    print(f"{'':{width}}  {'wall':>8}  {'cpu':>8}")
+    for name, (wall, cpu) in rows:
+        print(f"{name:{width}}  {wall:7.3f}s  {cpu:7.3f}s")
+    verdict = "within" if total[0] <= GOAL_S else "OVER"
+    print(f"fleet aggregation of {args.hosts} hosts: {total[0]:.2f} s wall ({total[1]:.2f} s CPU), "
+          f"{verdict} the {GOAL_S:g} s goal")
+    return 1 if args.check and total[0] > GOAL_S else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

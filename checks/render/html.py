@@ -1,0 +1,368 @@
+"""A self-contained HTML report (inline CSS, JS and SVG; no server, no CDN) for one host or a fleet.
+
+    html.write([report], "report.html")            # one host, from `python -m checks --html`
+    html.write_fleet(fleet, "reports/run/fleet.html")
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..fleet import svg
+from ..fleet.aggregate import Fleet, from_reports
+from ..fleet.figures import Curve, Figure
+from ..fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
+
+COLORS = {"PASS": "#1a7f37", "WARN": "#bf8700", "FAIL": "#cf222e", "ERROR": "#8250df",
+          "MISSING": "#6e7781", "SKIP": "#8c959f"}
+BAR = "#54aeff"
+MAX_BARS = 256          # more GPUs or hosts than this: a histogram instead of one bar each
+MAX_HOST_DETAILS = 16   # hosts whose every check result is listed
+MAX_LISTED = 50         # hosts listed per failing check before "and N more"
+# How to plot a check's curve: x key, y key, log-x, axis labels. Others: first two keys, linear.
+CURVES = {
+    "nccl-allreduce": ("bytes", "busbw_gbs", True, "message size", "bus bandwidth (GB/s)"),
+    "dataloader-scaling": ("workers", "samples_per_s", False, "DataLoader workers", "samples/s"),
+}
+CURVE_TITLES = {"nccl-allreduce": "All-reduce bus bandwidth vs message size",
+                "dataloader-scaling": "DataLoader throughput vs workers"}
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1f2328;background:#f6f8fa}
+header{background:#fff;border-bottom:1px solid #d0d7de;padding:16px 24px}
+header h1{font-size:20px;margin:0 0 4px}
+main{padding:8px 24px 32px;max-width:1360px}
+section{background:#fff;border:1px solid #d0d7de;border-radius:6px;margin:16px 0;padding:12px 16px}
+h2{font-size:16px;margin:4px 0 10px}
+table{border-collapse:collapse;width:100%}
+th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eaeef2;vertical-align:top}
+th{background:#f6f8fa;font-weight:600}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;border-radius:10px;padding:0 8px;color:#fff;font-weight:600;font-size:12px}
+.chips span{margin-right:12px}
+.meta{color:#57606a}
+.grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(620px,1fr));gap:12px}
+.chart{max-width:100%;height:auto;background:#fff}
+.chart .title{font-weight:600;font-size:13px}
+.chart .tick,.chart .legend,.chart .rule-label{font-size:11px;fill:#57606a}
+.chart .label{font-size:12px;fill:#1f2328}
+.chart .grid{stroke:#eaeef2}
+.chart .axis{stroke:#57606a}
+.chart .bar:hover,.chart .series:hover{opacity:.7}
+.empty{color:#57606a;font-style:italic}
+.filters{margin-bottom:8px}
+details{margin:6px 0}
+summary{cursor:pointer;font-weight:600}
+"""
+
+JS = """
+function filterHosts(){
+  const q=document.getElementById('host-filter').value.toLowerCase();
+  const bad=document.getElementById('problems-only').checked;
+  document.querySelectorAll('#hosts tbody tr').forEach(function(tr){
+    tr.hidden=(q&&!tr.dataset.host.includes(q))||(bad&&tr.dataset.status==='PASS');
+  });
+}
+document.addEventListener('DOMContentLoaded',function(){
+  const box=document.getElementById('host-filter');
+  if(box){box.addEventListener('input',filterHosts);
+    document.getElementById('problems-only').addEventListener('change',filterHosts);filterHosts();}
+});
+"""
+
+
+def _el(parent: ET.Element, tag: str, text: Any = None, **attrs: Any) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k.rstrip("_").replace("_", "-"): str(v) for k, v in attrs.items()
+                                     if v is not None and v is not False})
+    if text is not None:
+        el.text = str(text)
+    return el
+
+
+def _badge(parent: ET.Element, status: str) -> None:
+    _el(parent, "span", status, class_="badge", style=f"background:{COLORS.get(status, '#57606a')}")
+
+
+def _table(parent: ET.Element, headers: Sequence[str], table_id: str | None = None) -> ET.Element:
+    table = _el(parent, "table", id=table_id)
+    row = _el(_el(table, "thead"), "tr")
+    for h in headers:
+        _el(row, "th", h)
+    return _el(table, "tbody")
+
+
+def _header(root: ET.Element, fleet: Fleet) -> None:
+    header = _el(root, "header")
+    single = len(fleet.hosts) == 1
+    title = f"nodecert report: {fleet.hosts[0].host}" if single else "nodecert fleet report"
+    h1 = _el(header, "h1", title + " ")
+    _badge(h1, fleet.verdict)
+    meta = [f"run {fleet.run_id}" if fleet.run_id else None, f"generated {fleet.generated_at[:19]}Z",
+            f"nodecert {__version__}"]
+    if single and fleet.hosts[0].report:
+        rep = fleet.hosts[0].report
+        meta[1:1] = [f"level {rep.get('level')}", f"profile {rep['profile']['name']}",
+                     f"backend {rep.get('backend')}"]
+    _el(header, "div", " · ".join(m for m in meta if m), class_="meta")
+    chips = _el(header, "div", class_="chips")
+    for status, count in fleet.summary.items():
+        if status == "hosts":
+            _el(chips, "span", f"{count} host{'s' if count != 1 else ''}")
+        elif count:
+            _el(chips, "span", f"{status} {count}", style=f"color:{COLORS[status]};font-weight:600")
+
+
+def _hosts(main: ET.Element, fleet: Fleet) -> None:
+    sec = _el(main, "section")
+    _el(sec, "h2", "Hosts")
+    if len(fleet.hosts) > 1:
+        filters = _el(sec, "div", class_="filters")
+        _el(filters, "input", id="host-filter", type="search", placeholder="filter hosts")
+        label = _el(filters, "label", " ")
+        _el(label, "input", id="problems-only", type="checkbox", checked=len(fleet.hosts) > 50)
+        label[-1].tail = " only hosts that did not pass"
+    body = _table(sec, ["host", "status", "profile", "PASS", "WARN", "FAIL", "SKIP", "ERROR",
+                        "checks not passed", "note"], "hosts")
+    order = {"MISSING": 0, "ERROR": 1, "FAIL": 2, "WARN": 3, "PASS": 4}
+    slow: dict[str, list[str]] = defaultdict(list)
+    for s in fleet.stragglers:
+        slow[s.host].append(f"{s.name} ({s.gpu.label() if s.gpu else 'host'}) straggler")
+    for h in sorted(fleet.hosts, key=lambda h: (order[h.status], h.host)):
+        tr = _el(body, "tr", data_host=h.host.lower(), data_status=h.status)
+        _el(tr, "td", h.host)
+        _badge(_el(tr, "td"), h.status)
+        _el(tr, "td", h.profile or "")
+        for status in ("PASS", "WARN", "FAIL", "SKIP", "ERROR"):
+            _el(tr, "td", (h.summary or {}).get(status, ""), class_="num")
+        _el(tr, "td", ", ".join([*h.problems, *slow[h.host]]))
+        _el(tr, "td", h.reason or "")
+
+
+def _by_check(main: ET.Element, fleet: Fleet) -> None:
+    sec = _el(main, "section")
+    _el(sec, "h2", "Checks not passed, by check and host")
+    if not fleet.by_check:
+        _el(sec, "p", "Every check passed on every host with a report.", class_="empty")
+        return
+    body = _table(sec, ["check", "code", "status", "hosts", "where"])
+    for spread in fleet.by_check:
+        tr = _el(body, "tr")
+        _el(tr, "td", spread.check)
+        _el(tr, "td", spread.code)
+        _badge(_el(tr, "td"), spread.status)
+        _el(tr, "td", len(spread.occurrences), class_="num")
+        where = _el(tr, "td")
+        for occ in spread.occurrences[:MAX_LISTED]:
+            line = _el(where, "div")
+            _el(line, "b", occ.host)
+            line[-1].tail = f" {' '.join(occ.gpus)} [{occ.status}] {occ.message}"
+        if len(spread.occurrences) > MAX_LISTED:
+            _el(where, "div", f"… and {len(spread.occurrences) - MAX_LISTED} more hosts")
+
+
+def _stragglers_and_lemons(main: ET.Element, fleet: Fleet) -> None:
+    sec = _el(main, "section")
+    _el(sec, "h2", "Stragglers (figures far from the median of their peers)")
+    if fleet.stragglers:
+        body = _table(sec, ["host", "GPU", "figure", "value", "median", "below median", "status"])
+        for s in fleet.stragglers:
+            tr = _el(body, "tr")
+            _el(tr, "td", s.host)
+            _el(tr, "td", f"{s.gpu.label()} {s.gpu.uuid or ''}" if s.gpu else "host")
+            _el(tr, "td", f"{s.check} / {s.name}")
+            _el(tr, "td", svg.fmt(s.value), class_="num")
+            _el(tr, "td", svg.fmt(s.median), class_="num")
+            _el(tr, "td", f"{s.deficit_pct:.1f} % (limit {s.threshold_pct:g} %)", class_="num")
+            _badge(_el(tr, "td"), s.status)
+    else:
+        _el(sec, "p", "No GPU or host is more than half the straggler limit from its peers' median "
+                      "(or no figures were measured).", class_="empty")
+    if len(fleet.hosts) == 1 and not fleet.lemons:
+        return  # the history is a fleet matter
+    sec = _el(main, "section")
+    _el(sec, "h2", "Lemons (GPUs failing again and again, by UUID)")
+    if fleet.lemons:
+        body = _table(sec, ["GPU UUID", "failed runs", "hosts", "checks", "last failed run"])
+        for lemon in fleet.lemons:
+            tr = _el(body, "tr")
+            _el(tr, "td", lemon.uuid)
+            _el(tr, "td", f"{lemon.failed_runs} of the last {lemon.window}", class_="num")
+            _el(tr, "td", ", ".join(lemon.hosts))
+            _el(tr, "td", ", ".join(lemon.checks))
+            _el(tr, "td", lemon.last_failed_run)
+    else:
+        _el(sec, "p", "None (or no run history: see --history).", class_="empty")
+
+
+def _curve_charts(curves: list[Curve], highlight: dict[str, str]) -> list[ET.Element]:
+    by_check: dict[str, list[Curve]] = defaultdict(list)
+    for c in curves:
+        by_check[c.check].append(c)
+    charts = []
+    for check, group in sorted(by_check.items()):
+        keys = list(group[0].points[0])
+        x_key, y_key, log_x, x_label, y_label = CURVES.get(
+            check, (keys[0], keys[1] if len(keys) > 1 else keys[0], False, keys[0], keys[-1]))
+        few = len(group) <= len(svg.PALETTE)
+        series = []
+        for i, c in enumerate(group):
+            name = c.host + (f" {c.gpu.label()}" if c.gpu else "")
+            pts = [(p[x_key], p[y_key]) for p in c.points if x_key in p and y_key in p]
+            if not pts:
+                continue
+            if few:
+                series.append(svg.Series(name, pts, svg.PALETTE[i]))
+            elif c.host in highlight:
+                series.append(svg.Series(name, pts, COLORS[highlight[c.host]], width=2.5))
+            else:
+                series.append(svg.Series(name, pts, svg.MUTED, width=1, opacity=0.35))
+        if series:
+            charts.append(svg.line_chart(
+                series, title=CURVE_TITLES.get(check, f"{check}: {y_key} vs {x_key}"),
+                x_label=x_label, y_label=y_label, log_x=log_x,
+                x_format=svg.fmt_bytes if x_key == "bytes" else svg.fmt))
+    return charts
+
+
+def _figure_chart(stats: FigureStats, members: list[Figure],
+                  slow: dict[tuple[str, str, str, str], str]) -> ET.Element:
+    """Bars (or a histogram) of one peer group, the median and the WARN/FAIL limits across;
+    `slow` maps (check, figure, host, GPU label) to the straggler status, for the bar colour."""
+    med = stats.median
+    sign = -1 if stats.higher_is_better else 1
+    warn_at = med * (1 + sign * stats.threshold_pct * WARN_FRACTION / 100)
+    fail_at = med * (1 + sign * stats.threshold_pct / 100)
+    bound = "<" if stats.higher_is_better else ">"
+    rules = [svg.Rule(med, "median", "#0969da"),
+             svg.Rule(warn_at, f"WARN {bound}", COLORS["WARN"], "4 3"),
+             svg.Rule(fail_at, f"FAIL {bound}", COLORS["FAIL"], "4 3")]
+    scope = "per GPU" if stats.key.scope == "gpu" else "per host"
+    title = f"{stats.key.name} {scope} ({stats.key.check}, {stats.key.profile}, {stats.count} values)"
+
+    def color(host: str, label: str) -> str:
+        status = slow.get((stats.key.check, stats.key.name, host, label))
+        return COLORS[status] if status else BAR
+
+    if len(members) <= MAX_BARS:
+        ordered = sorted(members, key=lambda f: (f.host, -1 if f.gpu is None else f.gpu.index or 0))
+        bars = [svg.Bar(f"{f.host} {f.gpu.label()}" if f.gpu else f.host, f.value,
+                        color(f.host, f.gpu.label() if f.gpu else "host"))
+                for f in ordered]
+        hosts = [f.host for f in ordered]
+        if len(set(hosts)) == 1:  # one host: label each GPU
+            bars = [svg.Bar(f.gpu.label() if f.gpu else f.host, b.value, b.color, b.label)
+                    for f, b in zip(ordered, bars, strict=True)]
+        return svg.bar_chart(bars, rules, title=title, y_label=stats.key.name,
+                             groups=None if len(set(hosts)) == 1 else hosts)
+
+    def color_of(value: float) -> str:
+        deficit = sign * (value - med) / med * 100
+        if deficit > stats.threshold_pct:
+            return COLORS["FAIL"]
+        return COLORS["WARN"] if deficit > stats.threshold_pct * WARN_FRACTION else BAR
+
+    return svg.histogram([f.value for f in members], rules, title=title, x_label=stats.key.name,
+                         color_of=color_of)
+
+
+def _plots(main: ET.Element, fleet: Fleet) -> None:
+    sec = _el(main, "section")
+    _el(sec, "h2", "Figures compared with the median of their peers")
+    highlight = {h.host: h.status for h in fleet.hosts if h.status in ("FAIL", "WARN")}
+    slow = {(s.check, s.name, s.host, s.gpu.label() if s.gpu else "host"): s.status
+            for s in fleet.stragglers}
+    charts = [_figure_chart(stats, fleet.figure_groups[stats.key], slow)
+              for stats in fleet.figure_stats if stats.count >= MIN_PEERS]
+    curve_charts = _curve_charts(fleet.curves, highlight)
+    if not charts and not curve_charts:
+        _el(sec, "p", "No figures or curves in these reports: the workload checks run at "
+                      "--level standard.", class_="empty")
+        return
+    _figure_table(sec, fleet)
+    grid = _el(sec, "div", class_="grid2")
+    for chart in curve_charts:
+        grid.append(chart)
+    for chart in charts:
+        sec.append(chart)
+
+
+def _figure_table(sec: ET.Element, fleet: Fleet) -> None:
+    body = _table(sec, ["check", "figure", "scope", "profile", "values", "median", "min", "max",
+                        "straggler limit"])
+    for st in fleet.figure_stats:
+        tr = _el(body, "tr")
+        for text in (st.key.check, st.key.name, st.key.scope, st.key.profile):
+            _el(tr, "td", text)
+        _el(tr, "td", st.count, class_="num")
+        for value in (st.median, st.low, st.high):
+            _el(tr, "td", svg.fmt(value), class_="num")
+        limit = f"{st.threshold_pct:g} % {'below' if st.higher_is_better else 'above'}"
+        _el(tr, "td", limit if st.count >= MIN_PEERS else f"needs {MIN_PEERS} values")
+
+
+def _host_details(main: ET.Element, fleet: Fleet) -> None:
+    if len(fleet.hosts) > MAX_HOST_DETAILS:
+        return
+    sec = _el(main, "section")
+    _el(sec, "h2", "Check results by host")
+    for h in fleet.hosts:
+        det = _el(sec, "details", open=len(fleet.hosts) == 1 or None)
+        summ = _el(det, "summary", f"{h.host} ")
+        _badge(summ, h.status)
+        if h.report is None:
+            _el(det, "p", h.reason or "no report", class_="empty")
+            continue
+        body = _table(det, ["check", "status", "device", "value", "message"])
+        for chk in h.report["checks"]:
+            for i, r in enumerate(chk["results"]):
+                tr = _el(body, "tr")
+                _el(tr, "td", chk["id"] if i == 0 else "")
+                _badge(_el(tr, "td"), r["status"])
+                dev = r.get("device") or {}
+                _el(tr, "td", " ".join(str(x) for x in (
+                    f"GPU{dev['index']}" if dev.get("index") is not None else None, dev.get("pci")) if x))
+                value = r.get("value")
+                shown = ("" if value is None or isinstance(value, dict | list)
+                         else f"{value} {r.get('unit') or ''}".strip())
+                _el(tr, "td", shown, class_="num")
+                msg = _el(tr, "td", r["message"])
+                if r.get("remedy") and r["status"] in ("FAIL", "WARN", "ERROR"):
+                    _el(msg, "div", f"→ {r['remedy']}", class_="meta")
+
+
+def render(fleet: Fleet) -> str:
+    html = ET.Element("html", lang="en")
+    head = _el(html, "head")
+    _el(head, "meta", charset="utf-8")
+    _el(head, "meta", name="viewport", content="width=device-width, initial-scale=1")
+    _el(head, "title", f"nodecert {fleet.verdict} {fleet.run_id or ''}".strip())
+    _el(head, "style", CSS)
+    _el(head, "script", JS)
+    body = _el(html, "body")
+    _header(body, fleet)
+    main = _el(body, "main")
+    _by_check(main, fleet)
+    _stragglers_and_lemons(main, fleet)
+    _plots(main, fleet)
+    _hosts(main, fleet)
+    _host_details(main, fleet)
+    return "<!DOCTYPE html>\n" + ET.tostring(html, encoding="unicode", method="html") + "\n"
+
+
+def write_fleet(fleet: Fleet, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(fleet), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write(reports: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    """The HTML report of reports in memory: `python -m checks --html FILE` passes [report]."""
+    return write_fleet(from_reports(list(reports)), path)

@@ -1,0 +1,195 @@
+"""Prometheus textfile-collector output (`.prom`) for node_exporter.
+
+One file per host (or one for several hosts, every series labelled with `host`), written with
+prometheus_client's write_to_textfile: to a temporary name, then renamed, so node_exporter never
+reads half a file. Metric names follow Prometheus conventions: base units (bytes, seconds, flops)
+and the unit as a suffix; figures are converted from the unit their name ends in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..model import Status
+
+if TYPE_CHECKING:
+    from ..fleet.aggregate import Fleet
+
+PREFIX = "nodecert"
+STATUSES = [s.value for s in Status]
+RESULT_LABELS = ["host", "check", "code", "gpu", "uuid"]
+
+# Figure-name suffix → (metric suffix, factor to the base unit, what the unit is)
+UNITS: tuple[tuple[str, str, float, str], ...] = (
+    ("_tflops", "_flops", 1e12, "floating-point operations per second"),
+    ("_gflops", "_flops", 1e9, "floating-point operations per second"),
+    ("_gbs", "_bytes_per_second", 1e9, "bytes per second"),
+    ("_mbs", "_bytes_per_second", 1e6, "bytes per second"),
+    ("_per_s", "_per_second", 1.0, "per second"),
+    ("_us", "_seconds", 1e-6, "seconds"),
+    ("_ms", "_seconds", 1e-3, "seconds"),
+    ("_s", "_seconds", 1.0, "seconds"),
+    ("_pct", "_ratio", 0.01, "ratio"),
+    ("_bytes", "_bytes", 1.0, "bytes"),
+)
+
+
+@dataclass(frozen=True)
+class FigureMetric:
+    name: str
+    factor: float
+    unit: str
+
+
+def figure_metric(figure: str) -> FigureMetric:
+    """The metric for a figure: matmul_bf16_tflops → nodecert_matmul_bf16_flops (×1e12)."""
+    clean = re.sub(r"[^a-zA-Z0-9_]", "_", figure).lower()
+    for suffix, metric_suffix, factor, unit in UNITS:
+        if clean.endswith(suffix):
+            return FigureMetric(f"{PREFIX}_{clean[: -len(suffix)]}{metric_suffix}", factor, unit)
+    return FigureMetric(f"{PREFIX}_{clean}", 1.0, "as measured")
+
+
+def _timestamp(report: dict[str, Any]) -> float:
+    try:
+        started = dt.datetime.fromisoformat(report["started_at"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return started.timestamp() + float(report.get("duration_s") or 0.0)
+
+
+def _device_labels(result: dict[str, Any]) -> tuple[str, str]:
+    dev = result.get("device") or {}
+    index = dev.get("index")
+    return ("" if index is None else str(index)), dev.get("uuid") or ""
+
+
+class ReportCollector(Collector):
+    """Metrics of host reports (`host` label from the report) and, optionally, of the fleet."""
+
+    def __init__(self, reports: Iterable[dict[str, Any]], fleet: Fleet | None = None) -> None:
+        self.reports = list(reports)
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = [*self._host_metrics(), *self._check_metrics(), *self._figure_metrics()]
+        if self.fleet is not None:
+            families.extend(self._fleet_metrics(self.fleet))
+        yield from (f for f in families if f.samples)
+
+    def _host_metrics(self) -> Iterator[GaugeMetricFamily]:
+        last = GaugeMetricFamily(f"{PREFIX}_last_run_timestamp_seconds",
+                                 "When the last nodecert run on this host finished (Unix time).",
+                                 labels=["host"])
+        duration = GaugeMetricFamily(f"{PREFIX}_run_duration_seconds",
+                                     "How long the last nodecert run took.", labels=["host"])
+        healthy = GaugeMetricFamily(f"{PREFIX}_host_healthy",
+                                    "1 when every check passed (PASS, WARN or SKIP), else 0.",
+                                    labels=["host", "level", "profile"])
+        checks = GaugeMetricFamily(f"{PREFIX}_checks", "Number of checks by status in the last run.",
+                                   labels=["host", "status"])
+        for r in self.reports:
+            host = r["host"]
+            last.add_metric([host], _timestamp(r))
+            duration.add_metric([host], float(r.get("duration_s") or 0.0))
+            healthy.add_metric([host, r.get("level") or "", r["profile"]["name"]],
+                               1.0 if r["verdict"] == "PASS" else 0.0)
+            for status in STATUSES:
+                checks.add_metric([host, status], float(r["summary"].get(status, 0)))
+        yield from (last, duration, healthy, checks)
+
+    def _check_metrics(self) -> Iterator[GaugeMetricFamily]:
+        # One series per check and GPU, labelled with the current status, value 1. Series for
+        # the four other statuses at 0 would quintuple the cardinality (1 000 hosts x 8 GPUs x
+        # 30 checks); rewriting the file drops the old status's series, which Prometheus then
+        # marks stale.
+        status = GaugeMetricFamily(
+            f"{PREFIX}_check_status",
+            "Outcome of a check on a host or GPU: 1, with the outcome in the status label.",
+            labels=[*RESULT_LABELS, "status"])
+        for r in self.reports:
+            for chk in r["checks"]:
+                worst: dict[tuple[str, str], str] = {}  # a check's worst status per GPU
+                for res in chk["results"]:
+                    key = _device_labels(res)
+                    prev = worst.get(key)
+                    if prev is None or Status(res["status"]).severity > Status(prev).severity:
+                        worst[key] = res["status"]
+                for (gpu, uuid), current in worst.items():
+                    status.add_metric([r["host"], chk["id"], chk["code"], gpu, uuid, current], 1.0)
+        yield status
+
+    def _figure_metrics(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for r in self.reports:
+            for chk in r["checks"]:
+                for res in chk["results"]:
+                    figures = (res.get("details") or {}).get("figures") or {}
+                    for name, value in figures.items():
+                        if not isinstance(value, int | float) or isinstance(value, bool):
+                            continue
+                        metric = figure_metric(name)
+                        family = families.get(metric.name)
+                        if family is None:
+                            family = families[metric.name] = GaugeMetricFamily(
+                                metric.name, f"Figure measured by a nodecert check, in {metric.unit}.",
+                                labels=["host", "check", "gpu", "uuid"])
+                        family.add_metric([r["host"], chk["id"], *_device_labels(res)],
+                                          float(value) * metric.factor)
+        yield from families.values()
+
+    @staticmethod
+    def _fleet_metrics(fleet: Fleet) -> Iterator[GaugeMetricFamily]:
+        hosts = GaugeMetricFamily(f"{PREFIX}_fleet_hosts", "Hosts of the last fleet run by status.",
+                                  labels=["status"])
+        for status, count in fleet.summary.items():
+            if status != "hosts":
+                hosts.add_metric([status], float(count))
+        missing = GaugeMetricFamily(f"{PREFIX}_fleet_host_missing",
+                                    "1 for a host with no readable report in the last fleet run.",
+                                    labels=["host", "status", "reason"])
+        for h in fleet.hosts:
+            if h.status in ("ERROR", "MISSING"):
+                missing.add_metric([h.host, h.status, h.reason or ""], 1.0)
+        slow = GaugeMetricFamily(f"{PREFIX}_straggler_deficit_ratio",
+                                 "How far a straggler is below the fleet median of its peers.",
+                                 labels=["host", "check", "figure", "gpu", "uuid", "status"])
+        for s in fleet.stragglers:
+            gpu = s.gpu.to_dict() if s.gpu else {}
+            slow.add_metric([s.host, s.check, s.name,
+                             "" if gpu.get("index") is None else str(gpu["index"]),
+                             gpu.get("uuid") or "", s.status], s.deficit_pct / 100)
+        lemons = GaugeMetricFamily(f"{PREFIX}_lemon_failed_runs",
+                                   "Recent runs in which this GPU failed (listed when a lemon).",
+                                   labels=["uuid", "host"])
+        for lemon in fleet.lemons:
+            lemons.add_metric([lemon.uuid, ",".join(lemon.hosts)], float(lemon.failed_runs))
+        yield from (hosts, missing, slow, lemons)
+
+
+def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None) -> Path:
+    """Write the reports' metrics (and the fleet's, if given) to `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReportCollector(reports, fleet))
+    write_to_textfile(str(path), registry)
+    return path
+
+
+def write_fleet(fleet: Fleet, directory: str | Path) -> list[Path]:
+    """<directory>/nodecert-<host>.prom for each host with a report, and nodecert-fleet.prom with
+    the fleet metrics (one node_exporter on the control machine can serve the whole directory)."""
+    directory = Path(directory)
+    paths = [write([r], directory / f"nodecert-{r['host']}.prom") for r in fleet.reports]
+    paths.append(write([], directory / "nodecert-fleet.prom", fleet))
+    return paths

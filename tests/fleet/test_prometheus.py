@@ -1,0 +1,86 @@
+"""The .prom output, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from checks.fleet import aggregate
+from checks.render import prometheus
+
+
+def _parse(path) -> dict[str, list]:
+    text = path.read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, family in families.items():
+        assert f"# HELP {name} " in text and f"# TYPE {name} gauge" in text
+        assert family.type == "gauge" and family.documentation
+    return {name: f.samples for name, f in families.items()}
+
+
+def _one(samples, **labels):
+    [match] = [s for s in samples if all(s.labels.get(k) == v for k, v in labels.items())]
+    return match
+
+
+def test_one_host(tmp_path, small_fleet) -> None:
+    report = next(r for r in small_fleet if r["host"] == "node0012")
+    families = _parse(prometheus.write([report], tmp_path / "nodecert.prom"))
+    status = families["nodecert_check_status"]
+    assert _one(status, check="ecc-errors", gpu="5").labels["status"] == "FAIL"
+    assert _one(status, check="ecc-errors", gpu="4").labels["status"] == "PASS"
+    uuid = _one(status, check="ecc-errors", gpu="5").labels["uuid"]
+    assert uuid.startswith("GPU-")
+    assert {s.value for s in status} == {1.0}
+    assert _one(status, check="xid-events").labels["gpu"] == ""  # host-level check
+    assert _one(families["nodecert_host_healthy"], host="node0012").value == 0.0
+    assert _one(families["nodecert_checks"], status="FAIL").value == 1.0
+
+    tflops = next(r["details"]["figures"]["matmul_bf16_tflops"]
+                  for c in report["checks"] if c["id"] == "matmul-throughput"
+                  for r in c["results"] if r["device"]["index"] == 3)
+    assert _one(families["nodecert_matmul_bf16_flops"], gpu="3").value == pytest.approx(tflops * 1e12)
+    assert "nodecert_allreduce_busbw_bytes_per_second" in families
+    assert "nodecert_dataloader_samples_per_second" in families
+
+    finished = dt.datetime.fromisoformat(report["started_at"]).timestamp() + report["duration_s"]
+    assert families["nodecert_last_run_timestamp_seconds"][0].value == pytest.approx(finished)
+
+
+def test_write_is_atomic_and_leaves_no_temporary_file(tmp_path, small_fleet) -> None:
+    path = tmp_path / "nodecert.prom"
+    prometheus.write(small_fleet[:1], path)
+    first = os.stat(path).st_ino
+    prometheus.write(small_fleet[1:2], path)
+    assert os.stat(path).st_ino != first  # replaced by rename, never rewritten in place
+    assert os.listdir(tmp_path) == ["nodecert.prom"]
+    assert 'host="node0001"' in path.read_text()
+
+
+def test_fleet_directory(tmp_path, small_fleet) -> None:
+    fleet = aggregate.from_reports(small_fleet)
+    paths = prometheus.write_fleet(fleet, tmp_path / "textfiles")
+    assert len(paths) == 25 and all(p.suffix == ".prom" for p in paths)
+    families = _parse(tmp_path / "textfiles" / "nodecert-fleet.prom")
+    hosts = {s.labels["status"]: s.value for s in families["nodecert_fleet_hosts"]}
+    assert hosts == {"PASS": 20.0, "WARN": 1.0, "FAIL": 3.0, "ERROR": 0.0, "MISSING": 0.0}
+    slow = families["nodecert_straggler_deficit_ratio"]
+    assert _one(slow, host="node0010", figure="allreduce_busbw_gbs").value == pytest.approx(0.4, abs=0.03)
+    assert _one(slow, host="node0007").labels["gpu"] == "3"
+
+
+@pytest.mark.parametrize(("figure", "metric", "factor"), [
+    ("matmul_bf16_tflops", "nodecert_matmul_bf16_flops", 1e12),
+    ("mem_bw_gbs", "nodecert_mem_bw_bytes_per_second", 1e9),
+    ("samples_per_s", "nodecert_samples_per_second", 1.0),
+    ("step_time_ms", "nodecert_step_time_seconds", 1e-3),
+    ("latency_us", "nodecert_latency_seconds", 1e-6),
+    ("epoch_s", "nodecert_epoch_seconds", 1.0),
+    ("Odd-Name", "nodecert_odd_name", 1.0),
+])
+def test_figure_metric_names(figure: str, metric: str, factor: float) -> None:
+    got = prometheus.figure_metric(figure)
+    assert (got.name, got.factor) == (metric, factor)
