@@ -1,0 +1,131 @@
+"""Single-process pieces of trainer/: sampler arithmetic, comparisons, config, CLI usage, the
+acceptance checks' skips. Fast; no process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from checks import profiles
+from checks.context import Context, Options
+from checks.hw.fixture import FixtureBackend
+from checks.suite import acceptance
+from trainer import cli
+from trainer.config import CONTROLS, TrainConfig
+from trainer.data import TeacherDataset, dataset_size, epoch_indices, global_batches
+from trainer.report import FAIL, PASS, JobReport, compare, identical
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_rebuilt_indices_match_distributed_sampler(replicas: int) -> None:
+    n = dataset_size(replicas, 8, 5)
+    assert n % replicas  # uneven on purpose: padding would show
+    for epoch in range(3):
+        expected = epoch_indices(n, replicas, seed=7, epoch=epoch)
+        for rank in range(replicas):
+            sampler = DistributedSampler(range(n), num_replicas=replicas, rank=rank, shuffle=True,
+                                         seed=7, drop_last=True)
+            sampler.set_epoch(epoch)
+            assert list(sampler) == expected[rank]
+
+
+def test_global_batches_span_epochs_and_never_repeat_within_one() -> None:
+    n = dataset_size(2, 8, 5)
+    batches = global_batches(n, 2, 8, seed=1, steps=12)
+    assert len(batches) == 12 and all(len(b) == 16 for b in batches)
+    first_epoch = [i for b in batches[:5] for i in b]
+    assert len(set(first_epoch)) == len(first_epoch)
+    assert batches[5] != batches[0]  # epoch 1 reshuffled (what a missing set_epoch breaks)
+
+
+def test_dataset_yields_input_target_pairs_and_is_seeded() -> None:
+    a, b = TeacherDataset(10, (4,), 2, seed=3), TeacherDataset(10, (4,), 2, seed=3)
+    x, y = a[0]
+    assert x.shape == (4,) and y.shape == (2,)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
+def test_compare_uses_allclose_semantics_and_names_the_worst_tensor() -> None:
+    exp = {"w": torch.ones(3), "b": torch.zeros(2)}
+    near = {"w": torch.ones(3) + 5e-6, "b": torch.zeros(2)}
+    far = {"w": torch.ones(3), "b": torch.tensor([0.0, 1e-3])}
+    assert compare("p", near, exp, rtol=1e-5, atol=1e-6).ok
+    bad = compare("p", far, exp, rtol=1e-5, atol=1e-6)
+    assert not bad.ok and bad.worst == "b" and bad.max_abs == pytest.approx(1e-3)
+    assert not compare("p", {"w": torch.full((3,), float("nan")), "b": torch.zeros(2)}, exp,
+                       1.0, 1.0).ok
+    assert not compare("p", {"w": torch.ones(3)}, exp, 1e-5, 1e-6).ok
+
+
+def test_identical_is_exact() -> None:
+    a = {"w": torch.ones(2)}
+    assert identical("r", [a, {"w": torch.ones(2)}]).ok
+    drift = identical("r", [a, {"w": torch.ones(2)}, {"w": torch.tensor([1.0, 1.0 + 1e-7])}])
+    assert not drift.ok and "replica 2" in drift.worst
+
+
+def test_job_report_verdict_and_round_trip() -> None:
+    good = compare("p", {"w": torch.ones(1)}, {"w": torch.ones(1)}, 1e-5, 1e-6)
+    bad = compare("q", {"w": torch.ones(1)}, {"w": torch.zeros(1)}, 1e-5, 1e-6)
+    assert JobReport.judge("ddp", [good], "fine").status == PASS
+    report = JobReport.judge("ddp", [good, bad], "fine", figures={"ddp_samples_per_s": 1.0})
+    assert report.status == FAIL and report.message.startswith("q:")
+    assert JobReport.from_dict(report.to_dict()) == report
+
+
+def test_config_validation() -> None:
+    TrainConfig(controls=list(CONTROLS)).validate()
+    for bad in (TrainConfig(steps=0), TrainConfig(dtype="float16"), TrainConfig(controls=["x"])):
+        with pytest.raises(ValueError):
+            bad.validate()
+    assert TrainConfig(dtype="float64").tolerances() == (1e-9, 1e-12)
+    assert TrainConfig.from_dict(TrainConfig(steps=3).to_dict()).steps == 3
+
+
+@pytest.mark.parametrize("argv", [["nope"], ["ddp", "--steps", "0"], ["ddp", "--control", "x"],
+                                  ["ddp", "--control", "local-bn"], ["ddp", "--dtype", "int8"]])
+def test_cli_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and len(err[-1]) < 300
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="host has >= 2 GPUs")
+def test_dp_skips_without_two_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["dp"]) == cli.EXIT_SKIP
+    assert "needs >= 2 CUDA devices" in capsys.readouterr().out
+
+
+def _context(scenario: str | None = None, **options: object) -> Context:
+    if scenario:
+        hw = FixtureBackend.from_file(scenario)
+    else:
+        from checks.hw.linux import LinuxBackend
+
+        hw = LinuxBackend()
+    return Context(hw, profiles.load("generic"), Options(**options))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("job", acceptance.JOBS)
+def test_acceptance_checks_skip_on_simulated_hardware(job: str) -> None:
+    result = acceptance._job_check(_context("h100-sxm-8x-healthy"), job)
+    assert result.status == "SKIP"
+    assert result.message == "simulated hardware: training jobs need the real machine"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="host has >= 2 GPUs")
+def test_acceptance_dp_skips_on_this_host_without_launching() -> None:
+    ctx = _context()
+    result = acceptance._job_check(ctx, "dp")
+    assert result.status == "SKIP" and "needs ≥ 2 CUDA devices" in result.message
+    assert ctx not in acceptance._cache
+
+
+def test_acceptance_checks_are_registered() -> None:
+    from checks import registry
+
+    registry.load_all()
+    codes = {cid: registry.REGISTRY[cid] for cid in (f"train-{j}" for j in acceptance.JOBS)}
+    assert [c.code for c in codes.values()] == ["ACC001", "ACC002", "ACC003", "ACC004", "ACC005"]
+    assert all(c.level == "standard" and c.stage == "acceptance" for c in codes.values())

@@ -1,0 +1,74 @@
+"""Job configuration: one dataclass with defaults, overridable from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Negative controls: deliberate mistakes a job must catch (FAIL its comparison). Used by the tests.
+CONTROLS: dict[str, str] = {
+    "sum-loss": "ddp: loss reduced with sum instead of mean (gradients off by the batch size)",
+    "no-set-epoch": "ddp: DistributedSampler.set_epoch never called (every epoch repeats epoch 0)",
+    "pad-indices": "ddp: DistributedSampler(drop_last=False) pads the ranks with repeated samples",
+    "no-scale-grads": "pipeline: gradients summed over micro-batches with a mean-reduced loss",
+    "static-graph": "hybrid: DDP(static_graph=True) with inferred stage shapes (silently stops syncing)",
+    "local-bn": "syncbn: plain per-rank BatchNorm in place of the synchronized one",
+}
+CONTROL_JOB = {"sum-loss": "ddp", "no-set-epoch": "ddp", "pad-indices": "ddp",
+               "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn"}
+
+# Default tolerances per dtype (|actual - expected| <= atol + rtol * |expected|, elementwise).
+# fp32: measured differences after ~20 steps are ~1e-7 (../shared/notes/torch-cpu.md); float64 ~1e-16.
+TOLERANCES = {"float32": (1e-5, 1e-6), "float64": (1e-9, 1e-12)}
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20                 # optimizer steps of the parallel mode and of the reference
+    batch_size: int = 8             # samples per rank (ddp, syncbn) or per micro-batch (pipeline, hybrid)
+    steps_per_epoch: int = 5        # ddp/hybrid: epochs are short so a missing set_epoch shows
+    lr: float = 0.05
+    momentum: float = 0.9
+    hidden: int = 64                # MLP width
+    seed: int = 1234
+    dtype: str = "float32"          # float32 | float64
+    rtol: float | None = None       # default: TOLERANCES[dtype]
+    atol: float | None = None
+    warmup: int = 3                 # steps left out of the throughput figures
+    device: str = "auto"            # auto (cuda when available) | cpu | cuda
+    beat_every: int = 10            # heartbeat every step during warm-up, then every Nth step
+    controls: list[str] = field(default_factory=list)
+
+    def tolerances(self) -> tuple[float, float]:
+        rtol, atol = TOLERANCES[self.dtype]
+        return (self.rtol if self.rtol is not None else rtol,
+                self.atol if self.atol is not None else atol)
+
+    def beats_at(self, step: int) -> bool:
+        """Heartbeat on this step? The same steps on every rank, so the supervisor's comparison of
+        progress stays fair; a heartbeat costs a file write (~0.1-0.5 ms), too much per step for
+        tiny CPU models (the benchmark compares against a loop without any)."""
+        return step < self.warmup or step % self.beat_every == 0
+
+    def control(self, name: str) -> bool:
+        return name in self.controls
+
+    def validate(self) -> None:
+        if min(self.steps, self.batch_size, self.steps_per_epoch, self.beat_every) < 1:
+            raise ValueError("steps, batch size, steps per epoch and beat_every must be >= 1")
+        if self.dtype not in TOLERANCES:
+            raise ValueError(f"dtype must be one of {', '.join(TOLERANCES)}, not {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        unknown = [c for c in self.controls if c not in CONTROLS]
+        if unknown:
+            raise ValueError(f"unknown negative control {', '.join(unknown)} "
+                             f"(known: {', '.join(CONTROLS)})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,79 @@
+"""`dp`: nn.DataParallel over every visible GPU equals the same steps on one GPU.
+
+Without two CUDA devices DataParallel is a pass-through (device_ids=[]; forward just calls the
+module), so a CPU run would prove nothing: the job reports SKIP, never PASS.
+
+One node (single process; DataParallel needs no launcher):
+    python -m trainer dp
+Inside a supervised launch (`python -m trainer all`) rank 0 runs it while the others wait.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..config import TrainConfig
+from ..data import TeacherDataset
+from ..distenv import DistEnv, StepTimer
+from ..models import mlp, params_of, unwrap_names
+from ..report import SKIP, JobReport, compare
+
+NAME = "dp"
+
+
+def cuda_devices() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
+    if cuda_devices() < 2 or cfg.device == "cpu":
+        return skip_report() if env.rank == 0 else None
+    env.beat(f"{NAME}/single-process")
+    report = run_local(cfg) if env.rank == 0 else None
+    env.barrier()
+    return report
+
+
+def skip_report() -> JobReport:
+    return JobReport(NAME, SKIP, f"needs >= 2 CUDA devices, have {cuda_devices()} "
+                     "(DataParallel without them is a pass-through)")
+
+
+def run_local(cfg: TrainConfig) -> JobReport:
+    count = cuda_devices()
+    if count < 2 or cfg.device == "cpu":
+        return skip_report()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = getattr(torch, cfg.dtype)
+    batch = cfg.batch_size * count
+    data = TeacherDataset(batch * cfg.steps, (16,), 4, seed=cfg.seed, dtype=dtype)
+    torch.manual_seed(cfg.seed)
+    dev0 = torch.device("cuda", 0)
+    base = mlp(cfg.hidden).to(dev0, dtype)
+    reference = copy.deepcopy(base)
+    parallel = nn.DataParallel(base)  # scatters each batch over every visible GPU
+    rates = []
+    for model in (parallel, reference):
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        timer = StepTimer(cfg.warmup, dev0)
+        for step in range(cfg.steps):
+            timer.tick()
+            x = data.x[step * batch:(step + 1) * batch].to(dev0)
+            y = data.y[step * batch:(step + 1) * batch].to(dev0)
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        timer.stop()
+        rates.append(timer.samples_per_s(batch))
+    rtol, atol = cfg.tolerances()
+    comparisons = [compare("parameters vs one GPU", unwrap_names(params_of(parallel)),
+                           params_of(reference), rtol, atol)]
+    figures = {"dp_samples_per_s": rates[0], "dp_reference_samples_per_s": rates[1],
+               "dp_scaling_efficiency": rates[0] / (count * rates[1])}
+    return JobReport.judge(NAME, comparisons, f"DataParallel over {count} GPUs equals one GPU",
+                           figures=figures, details={"devices": count, "global_batch": batch,
+                                                     "tolerances": {"rtol": rtol, "atol": atol}})

@@ -1,0 +1,73 @@
+"""Rank side: run the selected jobs one after the other inside one launch of the ranks.
+
+Start-up (import torch, join the group) is paid once for every job. Each job's verdict is computed
+on rank 0, broadcast, and written by every rank to `job-<name>-<rank>.json` in the launch's workdir
+as soon as the job ends, so jobs that finished keep their results if a later one crashes or hangs.
+A job that raises takes its rank down (its peers would block in a collective it never joins); the
+supervisor names the rank and the job from the heartbeat phase ("ddp/step-3") and relaunches the
+jobs that did not run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from checks.dist.rank import Rank, run_rank
+
+from . import distenv, jobs
+from .config import TrainConfig
+
+
+def job_file(workdir: Path, job: str, rank: int) -> Path:
+    return workdir / f"job-{job}-{rank}.json"
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    tmp.replace(path)
+
+
+def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
+            pg_timeout_s: float) -> dict[str, dict[str, Any]]:
+    env = distenv.init(rank, cfg.device, pg_timeout_s)
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        env.beat(f"{name}/start")
+        start = time.monotonic()
+        report = jobs.get(name)(env, cfg)
+        data = env.broadcast(report.to_dict() if report is not None else None)
+        data["details"]["duration_s"] = round(time.monotonic() - start, 3)
+        data["details"].setdefault("backend", env.backend)
+        data["details"]["world_size"] = env.world_size
+        results[name] = data
+        if rank.workdir is not None:
+            _write(job_file(rank.workdir, name, env.rank), data)
+        gc.collect()
+    env.beat("teardown")
+    env.barrier()
+    distenv.shutdown()
+    return results
+
+
+def main(names: list[str], cfg: TrainConfig, pg_timeout_s: float) -> tuple[int, dict[str, Any]]:
+    """Run as one rank under torchrun. Returns (exit status, {job: report dict})."""
+    out: dict[str, Any] = {}
+
+    def body(rank: Rank) -> dict[str, Any]:
+        out.update(run_all(rank, names, cfg, pg_timeout_s))
+        return {"jobs": sorted(out)}
+
+    code = run_rank(body)
+    if code:
+        # Peers may be gone: leave now rather than risk a teardown that waits on them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code, out
