@@ -188,3 +188,13 @@ class Backend(abc.ABC):
     @property
     def simulated(self) -> bool:
         return False
+
+    # Workload measurements (collectives, P2P, compute, DataLoader, burn-in). Appended for the
+    # workload checks; the real implementation launches processes and loads the GPUs.
+    def workload(self, name: str, **params: Any) -> Any:
+        """Run (or, for a scenario, look up) the measurement `name` and return its raw figures.
+
+        Names and result shapes: checks/workloads/local.py and docs/workload-checks.md.
+        Raises NotSupported when this backend cannot provide it.
+        """
+        raise NotSupported(f"workload {name!r} is not available on the {self.name} backend")

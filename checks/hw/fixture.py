@@ -334,3 +334,13 @@ class FixtureBackend(Backend):
 
     def measurements(self) -> dict[str, Any]:
         return dict(self.scenario.get("measurements") or {})
+
+    def workload(self, name: str, **params: Any) -> Any:
+        """The scenario's `measurements:` entry for `name`, in the shape a real run returns."""
+        from ..workloads import scenario
+
+        # Measurements come from torch: only the GPUs torch sees (CUDA_VISIBLE_DEVICES).
+        seen = self._torch_visible()
+        visible = [(i, str(g["pci_bus_id"])) for i, g in enumerate(self._gpus)
+                   if any(g is v for v in seen)]
+        return scenario.measurement(name, self.measurements(), visible, **params)

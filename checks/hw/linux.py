@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from . import nvml as nvml_module
 from .base import Backend, HardwareError, Nvml, PciDevice, ShmInfo, TorchInfo
@@ -154,6 +155,12 @@ class LinuxBackend(Backend):
 
     def environ(self) -> Mapping[str, str]:
         return os.environ
+
+    def workload(self, name: str, **params: Any) -> Any:
+        """Real measurements: torch on the GPUs (or the CPU), torchrun for the collectives."""
+        from ..workloads import local  # torch is imported only when a workload check runs
+
+        return local.run(self, name, **params)
 
 
 def _count_cpulist(text: str) -> int:

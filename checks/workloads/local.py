@@ -1,0 +1,141 @@
+"""`LinuxBackend.workload()`: the real measurements, by name.
+
+Result shapes (the fixture backend returns the same, see scenario.py):
+- collectives: collective.run()'s dict (launch outcome, per-op curves, errors, table, env)
+- matmul: [{"index", "pci", "device", "tflops": {dtype: TFLOP/s}}], one row per GPU, or one
+  row with index None on the CPU
+- membw: [{"index", "pci", "device", "copy_gbs"}]
+- p2p: {"count", "pci", "access": [[bool]], "bandwidth_gbs": [[GB/s | None]], "bytes"}
+- burn_in: burn.burn()'s dict; devices carry "pci", samples come from NVML
+- dataloader_workers / dataloader_scaling / dataloader_worker_death: dataloader.py's dicts
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..hw.base import Backend, HardwareError, NotSupported
+from . import collective
+
+SAMPLE_FIELDS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c", "power_w",
+                 "pcie_gen_current", "pcie_width_current", "utilization_gpu")
+
+
+def run(hw: Backend, name: str, **params: Any) -> Any:
+    handler = HANDLERS.get(name)
+    if handler is None:
+        raise NotSupported(f"unknown workload {name!r}")
+    return handler(hw, **params)
+
+
+def _devices(kind: str) -> list[Any]:
+    import torch
+
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise HardwareError("torch.cuda.is_available() is False on a GPU host")
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [torch.device("cpu")]
+
+
+def _collectives(hw: Backend, **params: Any) -> dict[str, Any]:
+    result = collective.run(**params)
+    result["env"] = collective.debug_env(hw.environ())
+    return result
+
+
+def _matmul(hw: Backend, *, device: str, dtypes: list[str], n: int,
+            min_time_s: float = 0.1) -> list[dict[str, Any]]:
+    from . import compute
+
+    if device == "cuda":
+        return compute.per_gpu(lambda d: {"device": str(d), "tflops": compute.matmul(
+            d, dtypes, n, min_time_s=min_time_s)})
+    cpu = _devices("cpu")[0]
+    return [{"index": None, "pci": None, "device": "cpu",
+             "tflops": compute.matmul(cpu, dtypes, n, warmup=1, min_time_s=min_time_s)}]
+
+
+def _membw(hw: Backend, *, device: str, nbytes: int, min_time_s: float = 0.1
+           ) -> list[dict[str, Any]]:
+    from . import compute
+
+    if device == "cuda":
+        return compute.per_gpu(lambda d: {"device": str(d), "copy_gbs": compute.copy_bandwidth(
+            d, nbytes, min_time_s=min_time_s)})
+    cpu = _devices("cpu")[0]
+    return [{"index": None, "pci": None, "device": "cpu",
+             "copy_gbs": compute.copy_bandwidth(cpu, nbytes, warmup=1, min_time_s=min_time_s)}]
+
+
+def _p2p(hw: Backend, *, nbytes: int) -> dict[str, Any]:
+    from . import compute
+
+    _devices("cuda")
+    return compute.p2p(nbytes)
+
+
+def _nvml_sampler(hw: Backend) -> Callable[[], list[dict[str, Any]]] | None:
+    try:
+        nvml = hw.nvml()
+        handles = [nvml.gpu(i) for i in range(nvml.device_count())]
+    except HardwareError:
+        return None
+
+    def sample() -> list[dict[str, Any]]:
+        rows = []
+        for h in handles:
+            row: dict[str, Any] = {"gpu": h.index}
+            for field in SAMPLE_FIELDS:
+                try:
+                    row[field] = h.query(field)
+                except HardwareError:
+                    row[field] = None
+            rows.append(row)
+        return rows
+
+    return sample
+
+
+def _burn_in(hw: Backend, *, device: str, duration_s: float, n: int, dtype: str,
+             sample_interval_s: float = 2.0) -> dict[str, Any]:
+    from . import burn, compute
+
+    devices = _devices(device)
+    sampler = _nvml_sampler(hw) if device == "cuda" else None
+    result = burn.burn(devices, duration_s=duration_s, n=n, dtype=dtype, sampler=sampler,
+                       sample_interval_s=sample_interval_s)
+    for row in result["devices"]:
+        row["pci"] = compute.pci_of(row["index"]) if row["index"] is not None else None
+    return result
+
+
+def _dataloader_workers(hw: Backend, **params: Any) -> dict[str, Any]:
+    from . import dataloader
+
+    return dataloader.start_methods(**params)
+
+
+def _dataloader_scaling(hw: Backend, **params: Any) -> dict[str, Any]:
+    from . import dataloader
+
+    return dataloader.scaling(**params)
+
+
+def _dataloader_worker_death(hw: Backend, **params: Any) -> dict[str, Any]:
+    from . import dataloader
+
+    return dataloader.worker_death(**params)
+
+
+HANDLERS: dict[str, Callable[..., Any]] = {
+    "collectives": _collectives,
+    "matmul": _matmul,
+    "membw": _membw,
+    "p2p": _p2p,
+    "burn_in": _burn_in,
+    "dataloader_workers": _dataloader_workers,
+    "dataloader_scaling": _dataloader_scaling,
+    "dataloader_worker_death": _dataloader_worker_death,
+}

@@ -1,0 +1,75 @@
+"""What the workload checks run on (GPUs or the CPU) and with which settings from the profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..hw.base import HardwareError
+
+if TYPE_CHECKING:
+    from ..context import Context, Gpu
+
+BLOCKED = ("blocked: NVIDIA GPUs are on the PCI bus but torch cannot use them (see driver-loaded, "
+           "cuda-compat and gpu-count)")
+
+
+@dataclass(frozen=True)
+class Platform:
+    kind: str  # "cuda" | "cpu" | "blocked"
+    devices: int  # CUDA devices torch sees (0 on the CPU)
+
+    @property
+    def cuda(self) -> bool:
+        return self.kind == "cuda"
+
+
+def platform(ctx: Context) -> Platform:
+    """GPUs when torch can use them; the CPU on a host with no NVIDIA device; otherwise
+    blocked (a GPU host whose CUDA stack is broken must not pass on the CPU path)."""
+    if not ctx.pci_gpus:
+        return Platform("cpu", 0)
+    info = ctx.hw.torch()
+    if info.error or not info.cuda_available or info.device_count == 0:
+        return Platform("blocked", 0)
+    return Platform("cuda", info.device_count)
+
+
+def setting(ctx: Context, dotted: str, plat: Platform, default: Any = None) -> Any:
+    """`dotted` from the profile, preferring its `_gpu` / `_cpu` variant for this platform."""
+    variant = ctx.profile.get(f"{dotted}_{'gpu' if plat.cuda else 'cpu'}")
+    return variant if variant is not None else ctx.profile.get(dotted, default)
+
+
+def find_row(rows: list[dict[str, Any]], gpu: Gpu) -> dict[str, Any] | None:
+    """The measurement row of one NVML GPU: matched by PCI address, else by index. None when
+    torch did not measure it (hidden by CUDA_VISIBLE_DEVICES, or lost)."""
+    pci = (gpu.device.pci or "").lower()
+    for row in rows:
+        if pci and row.get("pci") and str(row["pci"]).lower() == pci:
+            return row
+    if not any(row.get("pci") for row in rows):
+        for row in rows:
+            if row.get("index") == gpu.device.index:
+                return row
+    return None
+
+
+NOT_MEASURED = ("torch did not measure this GPU (hidden by CUDA_VISIBLE_DEVICES, or lost: see "
+                "gpu-count)")
+
+
+def nvlinks_up(gpu: Gpu) -> int:
+    try:
+        links = gpu.handle.query("nvlink") or []
+    except HardwareError:
+        return 0
+    return sum(1 for link in links if link.get("active"))
+
+
+def query_int(gpu: Gpu, field: str) -> int | None:
+    try:
+        value = gpu.handle.query(field)
+    except HardwareError:
+        return None
+    return int(value) if value is not None else None

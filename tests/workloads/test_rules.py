@@ -1,0 +1,59 @@
+"""Decision rules on fixture numbers: straggler, saturation, derived thresholds, shm need."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.workloads import rules
+
+HEALTHY = {0: 788.1, 1: 779.5, 2: 792.6, 3: 775.2, 4: 784.9, 5: 790.3, 6: 770.8, 7: 786.0}
+
+
+def test_healthy_node_spread_has_no_straggler() -> None:
+    assert rules.stragglers(HEALTHY, 10) == {}
+
+
+def test_gpu_three_times_slow_is_a_straggler_whatever_the_absolute_threshold() -> None:
+    slow = {**HEALTHY, 3: 262.4}
+    found = rules.stragglers(slow, 10)
+    assert list(found) == [3]
+    assert found[3].peers_median == pytest.approx(786.0)
+    assert found[3].shortfall_pct == pytest.approx(66.6, abs=0.1)
+
+
+@pytest.mark.parametrize("value,pct,flagged", [
+    (700.0, 10, True),    # 10.9 % below 786
+    (710.0, 10, False),   # 9.7 % below
+    (740.0, 5, True),     # 5.9 % below, a tighter profile
+])
+def test_straggler_threshold_is_the_profile_percentage(value: float, pct: float,
+                                                       flagged: bool) -> None:
+    assert (3 in rules.stragglers({**HEALTHY, 3: value}, pct)) is flagged
+
+
+def test_two_gpus_name_only_the_slower_one() -> None:
+    assert list(rules.stragglers({"a": 100.0, "b": 80.0}, 10)) == ["b"]
+    assert rules.stragglers({"a": 100.0}, 10) == {}
+
+
+def test_saturation_is_first_point_within_fraction_of_best() -> None:
+    curve = [{"workers": w, "samples_per_s": s}
+             for w, s in [(0, 95), (1, 112), (2, 219), (4, 431), (8, 842), (16, 1530), (32, 1560)]]
+    assert rules.saturation(curve, 0.9)["workers"] == 16
+    flat = [{"workers": w, "samples_per_s": 80.0} for w in (0, 1, 2)]
+    assert rules.saturation(flat, 0.9)["workers"] == 0
+
+
+def test_derived_threshold_prefers_nvlink_then_pcie() -> None:
+    nv = rules.derived_link_threshold(nvlinks=12, link_gbs=25, nvlink_fraction=0.7,
+                                      pcie_gen=4, pcie_width=16, pcie_fraction=0.3)
+    assert nv is not None and nv.value == pytest.approx(210.0) and "12 NVLinks" in nv.source
+    pcie = rules.derived_link_threshold(nvlinks=0, link_gbs=25, nvlink_fraction=0.7,
+                                        pcie_gen=4, pcie_width=16, pcie_fraction=0.3)
+    assert pcie is not None and pcie.value == pytest.approx(1.969 * 16 * 0.3)
+    assert rules.derived_link_threshold(nvlinks=0, link_gbs=None, nvlink_fraction=0.7,
+                                        pcie_gen=None, pcie_width=None, pcie_fraction=0.3) is None
+
+
+def test_shm_need_counts_every_rank_worker_and_prefetched_batch() -> None:
+    assert rules.shm_needed(batch_bytes=10, workers=8, prefetch=2, ranks=8) == 8 * 17 * 10

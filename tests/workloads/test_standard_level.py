@@ -1,0 +1,31 @@
+"""`python -m checks --level standard` on this machine, through main(argv): the workload
+checks run for real (gloo ranks, CPU compute, real DataLoader workers) and pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REAL_ON_CPU = ["nccl-allreduce", "gpu-matmul", "gpu-membw", "dataloader-workers",
+               "dataloader-shm", "dataloader-scaling", "dataloader-worker-death"]
+
+
+def test_standard_level_passes_here_with_the_workload_checks_run(run_cli: Any) -> None:
+    code, report = run_cli("--level", "standard")
+    checks = {c["id"]: c for c in report["checks"]}
+    statuses = {i: checks[i]["status"] for i in REAL_ON_CPU}
+    assert statuses == dict.fromkeys(REAL_ON_CPU, "PASS"), {
+        i: checks[i]["results"][0]["message"] for i in REAL_ON_CPU}
+    assert checks["p2p-bandwidth"]["status"] == "SKIP"
+    assert code == 0, [(c["id"], c["status"]) for c in report["checks"]
+                       if c["status"] in ("FAIL", "ERROR")]
+    (col,) = checks["nccl-allreduce"]["results"]
+    assert col["details"]["backend"] == "gloo" and col["details"]["world_size"] == 2
+    assert col["details"]["curve"][-1]["bytes"] == 4 << 20
+    runs = checks["dataloader-workers"]["results"][0]["details"]["runs"]
+    assert {(r["start_method"], r["persistent_workers"]) for r in runs} == {
+        (m, p) for m in ("fork", "forkserver", "spawn") for p in (True, False)}
+    assert checks["gpu-matmul"]["results"][0]["details"]["figures"]["matmul_fp32_gflops"] > 0
