@@ -6,8 +6,9 @@ first when a collective hangs. Results and errors go to per-rank JSON files.
 
 Fault injection (tests only): NODECERT_INJECT="KIND:RANK[@PHASE][,...]" where KIND is
 hang (sleep forever), exit (os._exit(3)), kill (SIGKILL itself), raise (an exception), or
-corrupt (the caller asks `should_corrupt()` and sends wrong data). Without @PHASE the fault
-fires at the first heartbeat.
+corrupt (the caller asks `should_corrupt()` and sends wrong data). RANK `*` matches every rank
+of the process that has the variable (across hosts, c10d assigns ranks by arrival). Without
+@PHASE the fault fires at the first heartbeat.
 """
 
 from __future__ import annotations
@@ -66,12 +67,12 @@ class Rank:
                          "pid": os.getpid(), "host": self.host})
 
     def should_corrupt(self, phase: str | None = None) -> bool:
-        return any(k == "corrupt" and r == self.rank and (p is None or p == phase)
+        return any(k == "corrupt" and r in (None, self.rank) and (p is None or p == phase)
                    for k, r, p in self._faults)
 
     def _maybe_inject(self, phase: str) -> None:
         for kind, rank, at in self._faults:
-            if rank != self.rank or kind == "corrupt" or (at is not None and at != phase):
+            if rank not in (None, self.rank) or kind == "corrupt" or (at is not None and at != phase):
                 continue
             if at is None and self.seq > 0:
                 continue
@@ -99,12 +100,12 @@ class Rank:
                 "traceback": "".join(traceback.format_exception(exc))[-4000:]})
 
 
-def _parse_faults(spec: str) -> list[tuple[str, int, str | None]]:
+def _parse_faults(spec: str) -> list[tuple[str, int | None, str | None]]:
     faults = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         kind, _, rest = item.partition(":")
         rank, _, phase = rest.partition("@")
-        faults.append((kind, int(rank), phase or None))
+        faults.append((kind, None if rank == "*" else int(rank), phase or None))
     return faults
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import aggregate, history, inventory, junit, terminal
+from . import aggregate, crosshost, history, inventory, junit, terminal
 from .aggregate import Fleet
 
 EXIT_USAGE = 2
@@ -92,6 +92,19 @@ def _expected(args: argparse.Namespace) -> list[str] | None:
     return _names(args.expect_hosts) or None
 
 
+def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
+    bad = [g for g in cross.groups if not g.ok]
+    console.print(f"cross-host ({cross.mode}): {len(cross.groups) - len(bad)}/{len(cross.groups)} "
+                  "groups passed", highlight=False)
+    for g in bad:
+        console.print(f"  {g.id} [{', '.join(g.hosts)}]: culprit {', '.join(g.culprits) or '?'}: "
+                      f"{g.reason}", highlight=False, markup=False)
+    if cross.suspects:
+        console.print(f"  suspect host(s): {', '.join(cross.suspects)}", highlight=False)
+    for link in cross.bad_links:
+        console.print(f"  bad link: {' <-> '.join(link)}", highlight=False)
+
+
 def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -99,6 +112,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
         raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
     expected, errors = _expected(args), _host_errors(args.host_errors)
+    cross = crosshost.merge(directory)
     fleet: Fleet = aggregate.load(directory, expected_hosts=expected, host_errors=errors,
                                   run_id=args.run_id)
     if not fleet.hosts:
@@ -126,6 +140,8 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
         outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir))
     if not args.quiet:
         terminal.render(fleet, console, verbose=args.verbose)
+        if cross is not None:
+            _render_crosshost(cross, console)
         for path in outputs if len(outputs) < 8 else []:
             err.print(f"wrote {path}", highlight=False, soft_wrap=True)
         if len(outputs) >= 8:

@@ -51,19 +51,26 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
         stall_s: float | None = 60.0, start_timeout_s: float = 120.0,
         ops: list[str] | None = None, env: Mapping[str, str] | None = None,
         workdir: str | Path | None = None, keep_workdir: bool = False,
-        python: str = sys.executable) -> dict[str, Any]:
-    """Launch `nproc` ranks, supervise them, and return the measurement (see docs)."""
+        python: str = sys.executable, nnodes: int = 1, node_rank: int | None = None,
+        rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+        local_addr: str | None = None) -> dict[str, Any]:
+    """Launch `nproc` ranks (per node), supervise them, and return the measurement (see docs).
+
+    Across hosts: the same call on every node with nnodes, node_rank, the first node's
+    rdzv_endpoint (HOST:PORT) and one rdzv_id (torchrun's c10d rendezvous)."""
     own_dir = workdir is None
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-collective-"))
     args = rank_args(sweep, backend=backend, pg_timeout_s=timeout_s, ops=ops)
     outcome = launch.launch(RANK_MODULE, args, nproc=nproc, timeout_s=timeout_s, stall_s=stall_s,
                             start_timeout_s=start_timeout_s,
                             env={**(env or {}), "PYTHONPATH": _pythonpath()}, workdir=work,
-                            python=python)
+                            python=python, nnodes=nnodes, node_rank=node_rank,
+                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
     orphans = procs.with_env(ENV_WORKDIR, str(work))
     survivors = procs.kill_all(orphans) if orphans else []
     results = outcome.results
-    rank0 = results.get(0, {})
+    # Rank 0, or on the other nodes of a multi-node launch their first local rank.
+    rank0 = results.get(0) or (results[min(results)] if results else {})
     errors = [e for r in sorted(results) for e in results[r].get("errors", [])]
     measurement: dict[str, Any] = {
         "backend": rank0.get("backend", backend), "world_size": rank0.get("world_size", nproc),
@@ -73,7 +80,7 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
         "leftover_pids": sorted(set(outcome.leftover_pids) | set(survivors)),
         "orphans_killed": orphans,
         "ranks": {str(r): {"state": s.state, "phase": s.phase, "exitcode": s.exitcode,
-                           "error": s.error, "host": s.host}
+                           "error": s.error, "host": s.host, "seq": s.seq}
                   for r, s in sorted(outcome.ranks.items())},
         "errors": errors, "ops": rank0.get("ops", {}), "table": rank0.get("table", ""),
         "check_iters": rank0.get("check_iters"), "check_elems": rank0.get("check_elems"),

@@ -254,10 +254,11 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
         rank.log(f"OK: {', '.join(ops)} exact over {args.check_iters} iterations "
                  f"of {count} elements on {device}")
     result: dict[str, Any] = {"rank": rank.rank, "device": str(device), "errors": errors}
-    if rank.rank == 0:
+    if rank.local_rank == 0:  # the first rank of each node reports (one node: rank 0)
         tables = [busbw.format_table(op, rows, nranks=c.n, backend=backend)
                   for op, rows in curves.items()]
-        print("\n\n".join(tables), flush=True)
+        if rank.rank == 0:
+            print("\n\n".join(tables), flush=True)
         result.update(backend=backend, world_size=c.n, dtype="float32", ops=curves,
                       table="\n\n".join(tables), check_iters=args.check_iters,
                       check_elems=count, phase_s={"init": round(t1 - t0, 3),

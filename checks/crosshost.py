@@ -1,0 +1,207 @@
+"""Cross-host stage: the collective check and the `ddp` job across hosts (torchrun c10d).
+
+Run on every host of a group at about the same time (`playbooks/verify.yml` does it with async
+tasks, so every host starts whatever the fork count), with the first host's cluster address as
+the rendezvous endpoint and one rendezvous id per group:
+
+    python -m checks.crosshost node --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 \\
+        --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-a.json
+    python -m checks.crosshost node --nnodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29400 \\
+        --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-b.json
+
+Each node writes a host report (same schema as `python -m checks`) with two checks,
+`xhost-collective` and `xhost-ddp`; the controller (`checks.fleet.crosshost`) compares the
+nodes' reports to name the host that did not join, hung or crashed, and in pairwise mode the
+bad link. `plan` prints the grouping (all hosts at once, or pairs then shifted pairs).
+
+The endpoint is the first host's inventory address, never 0.0.0.0; choose the interface with
+--ifname (sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import report
+from .model import CheckOutcome, Result, Status, error
+
+STAGES = ("collective", "ddp")
+EXIT_USAGE = 2
+
+
+def _platform() -> tuple[bool, int]:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus > 0, gpus
+
+
+def _rank_view(ranks: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the controller needs to compare nodes: per global rank, progress and fate."""
+    return {str(r): {k: v.get(k) for k in ("state", "phase", "seq", "exitcode", "error", "host")}
+            for r, v in ranks.items()}
+
+
+def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
+    from .suite.collective import judge_collectives
+    from .workloads import collective
+
+    sweep = {"min_bytes": 8, "max_bytes": 256 << 20 if on_gpu else 1 << 20, "factor": 4,
+             "warmup": 3 if on_gpu else 1, "iters": 10 if on_gpu else 3, "check_iters": 5,
+             "check_elems": 4096}
+    m = collective.run(nproc=nproc, sweep=sweep, backend="nccl" if on_gpu else "gloo",
+                       timeout_s=args.timeout, stall_s=args.stall, start_timeout_s=args.join_timeout,
+                       env=_socket_env(args), nnodes=args.nnodes, node_rank=args.node_rank,
+                       rdzv_endpoint=args.rdzv_endpoint, rdzv_id=f"{args.rdzv_id}-collective",
+                       local_addr=args.local_addr)
+    result = judge_collectives(m, None, on_gpu)
+    result.details["ranks"] = _rank_view(m.get("ranks") or {})
+    if m.get("ok") and "figures" in result.details:
+        peak = result.details["figures"].get("allreduce_busbw_gbs")
+        result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
+    return result
+
+
+def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
+    from trainer.launcher import run_ddp_multinode
+
+    job = run_ddp_multinode(args.rdzv_endpoint, args.nnodes, args.node_rank, nproc=nproc,
+                            rdzv_id=f"{args.rdzv_id}-ddp", local_addr=args.local_addr,
+                            timeout_s=args.timeout, stall_s=args.stall,
+                            start_timeout_s=args.join_timeout, env=_socket_env(args))
+    details = dict(job.details or {})
+    if job.figures:
+        details["figures"] = {f"xhost_{k}": v for k, v in job.figures.items()}
+    status = {"PASS": Status.PASS, "FAIL": Status.FAIL, "SKIP": Status.SKIP}.get(job.status,
+                                                                                Status.ERROR)
+    phases = details.get("phases") or {}
+    if phases:
+        details["ranks"] = {str(r): {"phase": p} for r, p in phases.items()}
+    return Result(status, f"ddp across {args.nnodes} hosts: {job.message}", details=details,
+                  remedy=None if status is Status.PASS else
+                  "compare with the xhost-collective result and the other hosts' reports; "
+                  "check NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME and the firewall between hosts")
+
+
+def _socket_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"NCCL_SOCKET_IFNAME": args.ifname, "GLOO_SOCKET_IFNAME": args.ifname} \
+        if args.ifname else {}
+
+
+RUNNERS = {"collective": ("xhost-collective", "XHOST001", "collectives across hosts",
+                          collective_stage),
+           "ddp": ("xhost-ddp", "XHOST002", "DistributedDataParallel across hosts", ddp_stage)}
+
+
+def node(args: argparse.Namespace) -> int:
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not in 0..{args.nnodes - 1}")
+    host, port = args.rdzv_endpoint.rsplit(":", 1) if ":" in args.rdzv_endpoint else ("", "")
+    if not host or not port.isdigit() or host in ("0.0.0.0", "::"):
+        raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint!r} must be HOST:PORT with the "
+                         "first host's cluster address (never 0.0.0.0)")
+    on_gpu, gpus = _platform()
+    nproc = args.nproc_per_node or gpus or 1
+    started = dt.datetime.now(dt.UTC).isoformat()
+    t0 = time.monotonic()
+    outcomes = []
+    for stage in args.stages:
+        cid, code, title, runner = RUNNERS[stage]
+        s0 = time.monotonic()
+        try:
+            result = runner(args, on_gpu, nproc)
+        except Exception as exc:  # a stage that breaks is this stage's ERROR, the next one runs
+            result = error(f"{stage} stage crashed: {type(exc).__name__}: {exc}")
+        result.details.update(nnodes=args.nnodes, node_rank=args.node_rank,
+                              rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                              group=args.group, nproc_per_node=nproc)
+        if result.status in (Status.FAIL, Status.WARN):
+            result.fault_code = code
+        elif result.status is Status.ERROR:
+            result.fault_code = f"{code}-E"
+        outcomes.append(CheckOutcome(cid, code, title, "standard", ("crosshost",), [result],
+                                     time.monotonic() - s0))
+    doc = report.build(outcomes, meta={
+        "host": args.host or socket.gethostname(), "run_id": args.rdzv_id, "started_at": started,
+        "duration_s": time.monotonic() - t0, "level": "standard", "backend": "linux",
+        "profile": {"name": "generic", "reason": "cross-host stage"},
+        "options": {"nnodes": args.nnodes, "node_rank": args.node_rank, "group": args.group},
+        "environment": report.recorded_environment()})
+    if args.json:
+        report.write(doc, args.json)
+    else:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    for o in outcomes:
+        print(f"{o.id}: {o.status} {o.results[0].message}", file=sys.stderr)
+    return int(doc["exit_code"])
+
+
+def plan_cmd(args: argparse.Namespace) -> int:
+    from .fleet.crosshost import plan
+
+    hosts = [h for h in args.hosts.split(",") if h]
+    print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
+                          addresses=json.loads(args.addresses) if args.addresses else None)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m checks.crosshost",
+                                description="Cross-host collective and DDP through torchrun's "
+                                            "c10d rendezvous.")
+    sub = p.add_subparsers(dest="command", required=True)
+    n = sub.add_parser("node", help="run this host's part of one group")
+    n.add_argument("--nnodes", type=int, required=True, help="hosts in the group")
+    n.add_argument("--node-rank", type=int, required=True, help="this host's index in the group")
+    n.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
+                   help="the first host's cluster address and a free port")
+    n.add_argument("--rdzv-id", required=True, help="the same id on every host of the group")
+    n.add_argument("--group", default="all", help="label of the group (recorded)")
+    n.add_argument("--nproc-per-node", type=int, help="ranks on this host (default: GPUs, or 1)")
+    n.add_argument("--stages", type=lambda s: [x for x in s.split(",") if x], default=list(STAGES),
+                   help=f"comma-separated, from {', '.join(STAGES)}")
+    n.add_argument("--ifname", help="network interface for NCCL and gloo sockets")
+    n.add_argument("--local-addr", help="this host's address as the others reach it")
+    n.add_argument("--host", help="name to record (default: the hostname)")
+    n.add_argument("--timeout", type=float, default=600.0, help="hard limit per stage, seconds")
+    n.add_argument("--stall", type=float, default=60.0, help="no progress for this long = hang")
+    n.add_argument("--join-timeout", type=float, default=120.0,
+                   help="seconds to wait for every host to join")
+    n.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
+    pl = sub.add_parser("plan", help="print the groups (JSON) for a list of hosts")
+    pl.add_argument("--hosts", required=True, help="comma-separated, in inventory order")
+    pl.add_argument("--mode", choices=("all", "pairs"), default="all")
+    pl.add_argument("--base-port", type=int, default=29400)
+    pl.add_argument("--run-id", default="nodecert")
+    pl.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        if args.command == "plan":
+            return plan_cmd(args)
+        bad = [s for s in args.stages if s not in STAGES]
+        if bad or not args.stages:
+            raise ValueError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+        return node(args)
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,236 @@
+"""Controller side of the cross-host stage: plan the groups, judge them, name the culprits.
+
+Modes: `all` puts every host in one torchrun group; `pairs` runs hosts in pairs, then in pairs
+shifted by one, so each host meets two partners: a host whose every pair fails while its
+partners pass elsewhere is the suspect; a pair that fails while both hosts pass elsewhere is a
+bad link. Inside a failed group the culprit is the host that never reported (did not join or
+unreachable), else the one whose ranks made the least progress (a hang), else the one whose rank
+crashed on its own (peers that lost it are not blamed).
+
+Node reports live in reports/<run-id>/crosshost/<group>/<host>.json; `merge` folds each host's
+results into reports/<run-id>/<host>.json (victims of another host's fault become WARN naming the
+culprit), so the fleet report, HTML, Prometheus and Slurm see them like any other check.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..dist.launch import PEER_LOSS
+
+XHOST_IDS = ("xhost-collective", "xhost-ddp")
+
+
+def _groups(hosts: list[str], shift: int) -> list[list[str]]:
+    order = hosts[shift:] + hosts[:shift]
+    groups = [order[i:i + 2] for i in range(0, len(order) - 1, 2)]
+    if len(order) % 2:  # the odd one out joins the last pair
+        groups[-1].append(order[-1])
+    return groups
+
+
+def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: str = "nodecert",
+         addresses: dict[str, str] | None = None) -> dict[str, Any]:
+    """Rounds of groups; each group has its leader (first host: rendezvous endpoint), port and id.
+    Groups of a round get distinct ports, so several can share one machine in tests."""
+    if len(hosts) < 2:
+        return {"mode": mode, "rounds": [], "reason": "fewer than 2 hosts: nothing to pair"}
+    if len(set(hosts)) != len(hosts):
+        raise ValueError("duplicate host names")
+    addresses = addresses or {}
+    if mode == "all":
+        layouts = [[list(hosts)]]
+    elif mode == "pairs":
+        layouts = [_groups(hosts, 0)]
+        shifted = _groups(hosts, 1)
+        if {frozenset(g) for g in shifted} != {frozenset(g) for g in layouts[0]}:
+            layouts.append(shifted)
+    else:
+        raise ValueError(f"unknown mode {mode!r} (all, pairs)")
+    rounds = []
+    port = base_port
+    for r, layout in enumerate(layouts):
+        groups = []
+        for g, members in enumerate(layout):
+            leader = members[0]
+            groups.append({"id": f"r{r}g{g}", "hosts": members, "port": port,
+                           "endpoint": f"{addresses.get(leader, leader)}:{port}",
+                           "rdzv_id": f"{run_id}-r{r}g{g}"})
+            port += 1
+        rounds.append(groups)
+    by_host: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
+    for groups in rounds:
+        for group in groups:
+            for rank, host in enumerate(group["hosts"]):
+                by_host[host].append({"group": group["id"], "nnodes": len(group["hosts"]),
+                                      "node_rank": rank, "endpoint": group["endpoint"],
+                                      "rdzv_id": group["rdzv_id"]})
+    return {"mode": mode, "rounds": rounds, "hosts": by_host}
+
+
+@dataclass
+class GroupVerdict:
+    id: str
+    hosts: list[str]
+    ok: bool
+    culprits: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "hosts": self.hosts, "ok": self.ok, "culprits": self.culprits,
+                "reason": self.reason}
+
+
+@dataclass
+class Analysis:
+    mode: str
+    groups: list[GroupVerdict]
+    suspects: list[str] = field(default_factory=list)  # hosts to blame
+    bad_links: list[list[str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "groups": [g.to_dict() for g in self.groups],
+                "suspects": self.suspects, "bad_links": self.bad_links}
+
+
+def _results(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for c in report.get("checks", []) if c["id"] in XHOST_IDS for r in c["results"]]
+
+
+def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> GroupVerdict:
+    hosts = group["hosts"]
+    missing = [h for h in hosts if h not in reports]
+    if missing:
+        return GroupVerdict(group["id"], hosts, False, missing,
+                            f"{', '.join(missing)} did not report (unreachable, or never joined "
+                            "the rendezvous)")
+    failed = {h: [r for r in _results(rep) if r["status"] in ("FAIL", "ERROR")]
+              for h, rep in reports.items() if h in hosts}
+    if not any(failed.values()):
+        return GroupVerdict(group["id"], hosts, True)
+    ranks: dict[str, dict[str, Any]] = {}  # global rank -> state, with the host that reported it
+    for host in hosts:
+        for result in failed[host]:
+            for rank, view in (result.get("details", {}).get("ranks") or {}).items():
+                ranks.setdefault(rank, {**view, "reported_by": host})
+    own = [v for v in ranks.values() if v.get("state") == "crashed" or
+           (v.get("state") == "error" and not PEER_LOSS.search(v.get("error") or ""))]
+    if own:
+        culprits = sorted({v["reported_by"] for v in own})
+        reason = "; ".join(f"rank on {v['reported_by']} {v['state']} after '{v.get('phase')}'"
+                           + (f": {v['error']}" if v.get("error") else "") for v in own)
+        return GroupVerdict(group["id"], hosts, False, culprits, reason)
+    progress = [v for v in ranks.values() if v.get("seq") is not None]
+    if progress:
+        low = min(int(v["seq"]) for v in progress)
+        stuck = [v for v in progress if int(v["seq"]) == low]
+        if len(stuck) < len(progress):  # some ranks got further: the least advanced stopped first
+            culprits = sorted({v["reported_by"] for v in stuck})
+            return GroupVerdict(group["id"], hosts, False, culprits,
+                                f"ranks on {', '.join(culprits)} stopped first (last heartbeat "
+                                f"'{stuck[0].get('phase')}'); the others waited on them")
+    culprits = sorted(h for h, bad in failed.items() if bad)
+    first = next(r for h in culprits for r in failed[h])
+    return GroupVerdict(group["id"], hosts, False, culprits, first["message"])
+
+
+def analyse(the_plan: dict[str, Any], node_reports: dict[str, dict[str, dict[str, Any]]]
+            ) -> Analysis:
+    """`node_reports[group_id][host]` = that host's cross-host report for the group."""
+    verdicts = [_judge_group(g, node_reports.get(g["id"], {}))
+                for groups in the_plan.get("rounds", []) for g in groups]
+    analysis = Analysis(the_plan.get("mode", "all"), verdicts)
+    if analysis.mode == "pairs":
+        ok_hosts = {h for v in verdicts if v.ok for h in v.hosts}
+        for v in verdicts:
+            if v.ok:
+                continue
+            if all(h in ok_hosts for h in v.hosts):
+                analysis.bad_links.append(v.hosts)
+        every_failed = {h for v in verdicts for h in v.hosts} - ok_hosts
+        analysis.suspects = sorted(every_failed)
+    else:
+        analysis.suspects = sorted({c for v in verdicts if not v.ok for c in v.culprits})
+    return analysis
+
+
+def load_node_reports(crosshost_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted(crosshost_dir.glob("*/*.json")):
+        try:
+            found.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # an unreadable node report counts as "did not report"
+    return found
+
+
+def merge(run_dir: str | Path) -> Analysis | None:
+    """Fold reports/<run>/crosshost/ into the host reports; None when there is no cross-host
+    stage in this run."""
+    run_dir = Path(run_dir)
+    cross = run_dir / "crosshost"
+    plan_file = cross / "plan.json"
+    if not plan_file.is_file():
+        return None
+    the_plan = json.loads(plan_file.read_text())
+    nodes = load_node_reports(cross)
+    analysis = analyse(the_plan, nodes)
+    (cross / "analysis.json").write_text(json.dumps(analysis.to_dict(), indent=2) + "\n")
+    for host_file in sorted(run_dir.glob("*.json")):
+        host = host_file.stem
+        try:
+            report = json.loads(host_file.read_text())
+        except (OSError, ValueError):
+            continue
+        checks = [c for c in report["checks"] if c["id"] not in XHOST_IDS]
+        for verdict in analysis.groups:
+            members = nodes.get(verdict.id, {})
+            if host in members:
+                checks += [_attribute(chk, host, verdict)
+                           for chk in members[host]["checks"] if chk["id"] in XHOST_IDS]
+            elif host in verdict.hosts:
+                checks.append(_absent(host, verdict))
+        report["checks"] = checks
+        _resummarise(report)
+        host_file.write_text(json.dumps(report, indent=2) + "\n")
+    return analysis
+
+
+def _attribute(chk: dict[str, Any], host: str, verdict: GroupVerdict | None) -> dict[str, Any]:
+    """A host that failed only because another host broke the group is a victim: WARN."""
+    chk = json.loads(json.dumps(chk))
+    group = (chk["results"][0].get("details") or {}).get("group")
+    for result in chk["results"]:
+        result["details"]["group_verdict"] = verdict.to_dict() if verdict else None
+        if (verdict and not verdict.ok and host not in verdict.culprits
+                and result["status"] in ("FAIL", "ERROR")):
+            result["status"] = "WARN"
+            result["message"] = (f"group {group} failed because of {', '.join(verdict.culprits)}"
+                                 f" ({verdict.reason}); this host's own view: {result['message']}")
+    order = {"SKIP": 0, "PASS": 1, "WARN": 2, "ERROR": 3, "FAIL": 4}
+    chk["status"] = max((r["status"] for r in chk["results"]), key=order.__getitem__)
+    return chk
+
+
+def _absent(host: str, verdict: GroupVerdict) -> dict[str, Any]:
+    """The host's own report exists but it never reported for this group."""
+    result = {"status": "FAIL", "value": None, "unit": None, "expected": "joins the group",
+              "message": f"did not take part in cross-host group {verdict.id} "
+                         f"[{', '.join(verdict.hosts)}]: {verdict.reason}",
+              "remedy": "check that the host reaches the rendezvous endpoint (firewall, "
+                        "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and that its stage did not crash",
+              "device": None, "fault_code": "XHOST001",
+              "details": {"group_verdict": verdict.to_dict()}}
+    return {"id": "xhost-collective", "code": "XHOST001", "title": "collectives across hosts",
+            "level": "standard", "tags": ["crosshost"], "status": "FAIL", "duration_s": 0.0,
+            "results": [result]}
+
+
+def _resummarise(report: dict[str, Any]) -> None:
+    statuses = [c["status"] for c in report["checks"]]
+    report["summary"] = {s: statuses.count(s) for s in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    bad = any(s in ("FAIL", "ERROR") for s in statuses)
+    report["verdict"], report["exit_code"] = ("FAIL", 1) if bad else ("PASS", 0)
