@@ -12,6 +12,7 @@ session of its own, watches the ranks' heartbeat files (see rank.py) and:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import procs
 from .rank import ENV_WORKDIR
 
 # Errors a rank raises because another rank disappeared: the victim, not the cause.
@@ -85,7 +87,8 @@ class LaunchOutcome:
     log_tail: str = ""
     workdir: str = ""
     hung: bool = False
-    leftover_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)  # could not be killed
+    orphans_killed: list[int] = field(default_factory=list)  # outlived the launch, killed
 
     @property
     def results(self) -> dict[int, dict[str, Any]]:
@@ -137,51 +140,14 @@ def _heartbeats(workdir: Path) -> dict[int, dict[str, Any]]:
     return beats
 
 
-def _descendants(root: int) -> list[int]:
-    """PIDs below `root` (children first found by walking /proc's parent links)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # comm may contain spaces/parens: the fields after the last ')' are fixed.
-        fields = text[text.rfind(")") + 2:].split()
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == pid]
-        found += kids
-        frontier += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rfind(")") + 2:].split()[0] != "Z"
-
-
 def _kill_tree(proc: subprocess.Popen[bytes], extra: list[int]) -> list[int]:
     """SIGKILL torchrun, its process group, every descendant and the ranks' own pids."""
-    victims = set(_descendants(proc.pid)) | set(extra)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    victims = set(procs.descendants(proc.pid)) | set(extra)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    left = procs.kill_all(sorted(victims))
     proc.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in victims):
-        time.sleep(0.05)
-    return sorted(p for p in victims if _alive(p))
+    return left
 
 
 def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
@@ -234,13 +200,18 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
         leftovers: list[int] = []
         if hung:
             leftovers = _kill_tree(proc, [int(b["pid"]) for b in beats.values()])
+    # Anything still marked with this launch's workdir (a rank that escaped the process group
+    # or outlived torchrun) is an orphan: kill it and say so.
+    orphans = procs.with_env(ENV_WORKDIR, str(workdir))
+    leftovers = sorted(set(leftovers) | set(procs.kill_all(orphans)))
     duration = time.monotonic() - start
     log_text = log_path.read_text(errors="replace")
     ranks = _rank_states(workdir, beats, log_text, hung, nproc if nnodes == 1 else None)
     outcome = LaunchOutcome(ok=False, summary="", ranks=ranks, duration_s=duration,
                             returncode=proc.returncode, command=cmd,
                             log_tail="\n".join(log_text.splitlines()[-40:]),
-                            workdir=str(workdir), hung=hung, leftover_pids=leftovers)
+                            workdir=str(workdir), hung=hung, leftover_pids=leftovers,
+                            orphans_killed=orphans)
     _judge(outcome, reason, world_size or nproc * nnodes)
     return outcome
 

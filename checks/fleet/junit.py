@@ -42,9 +42,4 @@ def to_xml(fleet: Fleet) -> ET.Element:
 
 
 def write(fleet: Fleet, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tree = ET.ElementTree(to_xml(fleet))
-    ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    return junit.write_tree(to_xml(fleet), path)

@@ -38,10 +38,14 @@ def to_xml(reports: list[dict[str, Any]]) -> ET.Element:
     return root
 
 
-def write(reports: list[dict[str, Any]], path: str | Path) -> Path:
+def write_tree(root: ET.Element, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tree = ET.ElementTree(to_xml(reports))
+    tree = ET.ElementTree(root)
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def write(reports: list[dict[str, Any]], path: str | Path) -> Path:
+    return write_tree(to_xml(reports), path)

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from ..dist import launch
-from ..dist.rank import ENV_WORKDIR
-from . import procs
 
 RANK_MODULE = "checks.workloads.collective_rank"
 # Knobs that change how NCCL/gloo behave: passed through to the ranks (the launcher forwards the
@@ -66,8 +64,6 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
                             env={**(env or {}), "PYTHONPATH": _pythonpath()}, workdir=work,
                             python=python, nnodes=nnodes, node_rank=node_rank,
                             rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
-    orphans = procs.with_env(ENV_WORKDIR, str(work))
-    survivors = procs.kill_all(orphans) if orphans else []
     results = outcome.results
     # Rank 0, or on the other nodes of a multi-node launch their first local rank.
     rank0 = results.get(0) or (results[min(results)] if results else {})
@@ -77,8 +73,8 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
         "ok": outcome.ok, "summary": outcome.summary, "culprits": outcome.culprits,
         "hung": outcome.hung, "duration_s": round(outcome.duration_s, 3),
         "returncode": outcome.returncode,
-        "leftover_pids": sorted(set(outcome.leftover_pids) | set(survivors)),
-        "orphans_killed": orphans,
+        "leftover_pids": outcome.leftover_pids,
+        "orphans_killed": outcome.orphans_killed,
         "ranks": {str(r): {"state": s.state, "phase": s.phase, "exitcode": s.exitcode,
                            "error": s.error, "host": s.host, "seq": s.seq}
                   for r, s in sorted(outcome.ranks.items())},

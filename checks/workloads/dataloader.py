@@ -8,7 +8,6 @@ thread-count-dependent rounding).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -21,6 +20,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from ..dist import procs
 
 MODULUS = 2_147_483_629  # prime < 2**31: products stay inside int64
 MULTIPLIER = 48_271
@@ -214,25 +215,13 @@ def worker_death(*, length: int = 64, kill_at: int = 17, workers: int = 2, batch
     # After the error the loader shuts its other workers down; whatever is still there after a
     # grace period (or everything, on a hang) is killed and reported.
     grace = time.monotonic() + (0 if hung else 5)
-    while time.monotonic() < grace and any(_alive(p) for p in box["pids"]):
+    while time.monotonic() < grace and any(procs.alive(p) for p in box["pids"]):
         time.sleep(0.05)
-    leftover = [p for p in sorted(box["pids"]) if _alive(p)]
-    for pid in leftover:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    leftover = [p for p in sorted(box["pids"]) if procs.alive(p)]
+    procs.kill_all(leftover)
     error = box.get("error")
     return {"detected": bool(error) and not hung, "hung": hung, "error": error,
             "seconds": round(box.get("seconds", deadline_s), 3),
             "batches_before": box["batches"], "expected_batches": -(-length // batch_size),
             "timeout_s": timeout_s, "deadline_s": deadline_s, "leftover_pids": leftover,
             "start_method": method}
-
-
-def _alive(pid: int) -> bool:
-    """True for a live process (a zombie has exited: it only waits to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"

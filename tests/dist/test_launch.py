@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.dist import launch
+from checks.dist import launch, procs
 from checks.dist.rank import ENV_WORKDIR
-from checks.workloads import procs
 
 pytestmark = pytest.mark.slow
 

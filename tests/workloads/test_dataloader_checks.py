@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
+from checks.dist import procs
 from checks.model import Status
 from checks.suite.dataloader import (
     judge_scaling,
@@ -16,20 +16,6 @@ from checks.suite.dataloader import (
     scaling_counts,
 )
 from checks.workloads import dataloader
-
-
-def live_children() -> list[int]:
-    """Live (non-zombie) child processes of this test process."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2:].split()
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            kids.append(int(stat.parent.name))
-    return kids
 
 
 def test_fork_workers_deliver_every_index_once_and_persist() -> None:
@@ -69,7 +55,7 @@ def test_killed_worker_is_detected_not_hung_on() -> None:
     assert m["seconds"] < 15
     assert "DataLoader worker" in m["error"] or "Connection reset" in m["error"]
     assert m["leftover_pids"] == []
-    assert live_children() == []
+    assert procs.children(os.getpid()) == []
     assert judge_worker_death(m).status is Status.PASS
 
 
