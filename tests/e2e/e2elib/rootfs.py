@@ -12,7 +12,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tarfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -123,9 +122,7 @@ def unpack(tarball: Path, dest: Path) -> Path:
     if dest.exists():
         remove_root(dest)
     dest.mkdir(parents=True)
-    subprocess.run(
-        ["tar", "--numeric-owner", "--xattrs", "-C", str(dest), "-xf", str(tarball)], check=True
-    )
+    subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(dest), "-xf", str(tarball)], check=True)
     return dest
 
 
@@ -149,9 +146,7 @@ def tree_digest(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
     root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = sorted(
-            d for d in dirnames if os.path.normpath(os.path.join(rel_dir, d)) not in exclude
-        )
+        dirnames[:] = sorted(d for d in dirnames if os.path.normpath(os.path.join(rel_dir, d)) not in exclude)
         for name in [*dirnames, *sorted(filenames)]:
             path = os.path.join(dirpath, name)
             rel = os.path.normpath(os.path.join(rel_dir, name))
@@ -172,30 +167,12 @@ def tree_digest(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
     return result
 
 
-def patch_os_release(root: Path, distribution_id: str, version_id: str) -> None:
-    """Make the root claim another OS (the fault case for an unsupported OS)."""
+def pretend_os(root: Path, distribution_id: str, name: str, version_id: str, codename: str) -> None:
+    """Make the root claim another OS release (the fault case for an unsupported OS)."""
     os_release = root / "etc/os-release"
-    if os_release.is_symlink():
-        target = root / os.readlink(os_release).lstrip("/") if os.readlink(os_release).startswith("/") \
-            else os_release.parent / os.readlink(os_release)
-        text = target.read_text()
-        os_release.unlink()
-    else:
-        text = os_release.read_text()
-    lines = []
-    for line in text.splitlines():
-        if line.startswith("ID="):
-            line = f"ID={distribution_id}"
-        elif line.startswith("VERSION_ID="):
-            line = f'VERSION_ID="{version_id}"'
-        elif line.startswith("PRETTY_NAME="):
-            line = f'PRETTY_NAME="{distribution_id} {version_id}"'
-        lines.append(line)
-    os_release.write_text("\n".join(lines) + "\n")
-    debian_version = root / "etc/debian_version"
-    if debian_version.exists():
-        debian_version.unlink()
-
-
-def tarball_of(root: Path) -> tarfile.TarFile:  # pragma: no cover - debugging aid
-    return tarfile.open(root)
+    os_release.unlink()
+    os_release.write_text(
+        f'NAME="{name}"\nVERSION="{version_id}"\nID={distribution_id}\nID_LIKE=debian\n'
+        f'PRETTY_NAME="{name} {version_id}"\nVERSION_ID="{version_id}"\nVERSION_CODENAME={codename}\n'
+    )
+    (root / "etc/debian_version").unlink(missing_ok=True)

@@ -1,0 +1,367 @@
+"""A signed stand-in for NVIDIA's CUDA apt repository, served on 127.0.0.1.
+
+Packages carry the real names the roles install (Ubuntu's -server driver packages, Canonical's
+precompiled module packages, cuda-toolkit-X-Y, libnccl2, nvidia-fabricmanager-<branch>...) but
+only stub files. The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
+with Packages, Release, InRelease and Release.gpg signed by a throwaway key made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import textwrap
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+DISTRIBUTIONS = ("debian12", "ubuntu2204", "ubuntu2404")
+REPO_PREFIX = "compute/cuda/repos"
+KEY_NAME = "3bf863cc.pub"  # the file name NVIDIA serves its key under
+
+DRIVER_VERSIONS = {"580": "580.95.05", "590": "590.44.01"}
+OLDER_FABRIC_MANAGER = {"580": "580.82.07", "590": "590.40.02"}
+CUDA_VERSION = "12.8"
+CUDA_PATCH = "12.8.93"
+NCCL_VERSION = "2.26.2-1"
+NEWER_NCCL = ("2.27.3-1", "12.9")  # apt would take this one if the role did not pin
+
+
+@dataclass
+class Package:
+    name: str
+    version: str
+    depends: list[str] = field(default_factory=list)
+    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path -> (content, mode)
+    architecture: str = "amd64"
+
+
+def _script(text: str) -> tuple[str, int]:
+    return ("#!/bin/sh\n" + textwrap.dedent(text).lstrip(), 0o755)
+
+
+def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[Package]:
+    packages: list[Package] = []
+    for branch, version in DRIVER_VERSIONS.items():
+        deb_version = f"{version}-0ubuntu1"
+        exact = f"(= {deb_version})"
+        packages += [
+            Package(
+                f"nvidia-utils-{branch}-server",
+                deb_version,
+                files={
+                    "usr/bin/nvidia-smi": _script(f"""
+                    echo "NVIDIA-SMI stand-in   Driver Version: {version}"
+                    echo "No devices were found" >&2
+                    exit 6
+                """),
+                },
+            ),
+            Package(
+                f"nvidia-compute-utils-{branch}-server",
+                deb_version,
+                files={
+                    # Like Ubuntu's unit: no [Install] section, and --no-persistence-mode.
+                    "lib/systemd/system/nvidia-persistenced.service": (
+                        textwrap.dedent("""\
+                    [Unit]
+                    Description=NVIDIA Persistence Daemon
+                    Wants=syslog.target
+                    StopWhenUnneeded=true
+
+                    [Service]
+                    Type=forking
+                    ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced \\
+                        --no-persistence-mode --verbose
+                    ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+                    """),
+                        0o644,
+                    ),
+                    "usr/bin/nvidia-persistenced": _script("exit 0\n"),
+                },
+            ),
+        ]
+        for suffix in ("", "-open"):
+            packages += [
+                Package(
+                    f"nvidia-headless-no-dkms-{branch}-server{suffix}",
+                    deb_version,
+                    depends=[f"nvidia-compute-utils-{branch}-server {exact}"],
+                ),
+                Package(f"nvidia-dkms-{branch}-server{suffix}", deb_version),
+                Package(
+                    f"nvidia-headless-{branch}-server{suffix}",
+                    deb_version,
+                    depends=[
+                        f"nvidia-headless-no-dkms-{branch}-server{suffix} {exact}",
+                        f"nvidia-dkms-{branch}-server{suffix} {exact}",
+                    ],
+                ),
+                Package(
+                    f"linux-modules-nvidia-{branch}-server{suffix}-{kernel_release}",
+                    deb_version,
+                    files={
+                        f"lib/modules/{kernel_release}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": (
+                            "stand-in\n",
+                            0o644,
+                        )
+                    },
+                ),
+            ]
+        if int(branch) >= 590:
+            packages.append(Package(f"nvidia-driver-pinning-{branch}", f"{version}-1", architecture="all"))
+        for fm_version in (version, OLDER_FABRIC_MANAGER[branch]):
+            packages.append(
+                Package(
+                    f"nvidia-fabricmanager-{branch}",
+                    f"{fm_version}-1",
+                    files={
+                        "lib/systemd/system/nvidia-fabricmanager.service": (
+                            textwrap.dedent("""\
+                    [Unit]
+                    Description=NVIDIA fabric manager service
+
+                    [Service]
+                    Type=forking
+                    ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+
+                    [Install]
+                    WantedBy=multi-user.target
+                    """),
+                            0o644,
+                        ),
+                        "usr/bin/nv-fabricmanager": _script(
+                            f'echo "Fabric Manager version is : {fm_version}"\n'
+                        ),
+                    },
+                )
+            )
+    dashed = CUDA_VERSION.replace(".", "-")
+    packages += [
+        Package(
+            f"cuda-nvcc-{dashed}",
+            f"{CUDA_PATCH}-1",
+            files={
+                f"usr/local/cuda-{CUDA_VERSION}/bin/nvcc": _script(f"""
+                echo "nvcc: NVIDIA (R) Cuda compiler driver"
+                echo "Cuda compilation tools, release {CUDA_VERSION}, V{CUDA_PATCH}"
+            """),
+            },
+        ),
+        Package(
+            f"cuda-cudart-{dashed}",
+            f"{CUDA_PATCH}-1",
+            files={
+                f"usr/local/cuda-{CUDA_VERSION}/lib64/libcudart.so.12": ("stand-in\n", 0o644),
+            },
+        ),
+        Package(
+            f"cuda-toolkit-{dashed}",
+            f"{CUDA_VERSION}.1-1",
+            depends=[f"cuda-nvcc-{dashed} (>= {CUDA_PATCH})", f"cuda-cudart-{dashed} (>= {CUDA_PATCH})"],
+        ),
+    ]
+    for nccl, cuda in ((NCCL_VERSION, CUDA_VERSION), NEWER_NCCL):
+        version = f"{nccl}+cuda{cuda}"
+        packages += [
+            Package(
+                "libnccl2", version, files={"usr/lib/x86_64-linux-gnu/libnccl.so.2": (f"{version}\n", 0o644)}
+            ),
+            Package(
+                "libnccl-dev",
+                version,
+                depends=[f"libnccl2 (= {version})"],
+                files={"usr/include/nccl.h": (f"/* {version} */\n", 0o644)},
+            ),
+        ]
+    for package in packages:
+        if package.architecture != "all":
+            package.architecture = architecture
+    return packages
+
+
+def build_deb(package: Package, workdir: Path, outdir: Path) -> Path:
+    tree = workdir / f"{package.name}_{package.version}"
+    (tree / "DEBIAN").mkdir(parents=True)
+    control = [
+        f"Package: {package.name}",
+        f"Version: {package.version}",
+        f"Architecture: {package.architecture}",
+        "Maintainer: nodecert tests <tests@nodecert.invalid>",
+        "Section: misc",
+        "Priority: optional",
+    ]
+    if package.depends:
+        control.append(f"Depends: {', '.join(package.depends)}")
+    control.append(f"Description: stand-in for {package.name} (nodecert e2e tests)")
+    (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
+    for rel, (content, mode) in package.files.items():
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        path.chmod(mode)
+    deb = outdir / f"{package.name}_{package.version.replace(':', '%3a')}_{package.architecture}.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(tree), str(deb)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return deb
+
+
+class Gpg:
+    """A throwaway signing key in its own GNUPGHOME."""
+
+    def __init__(self, name: str) -> None:
+        # Short path: gpg-agent's socket path must fit in sun_path.
+        self.home = Path(tempfile.mkdtemp(prefix="ncgpg"))
+        self.home.chmod(0o700)
+        self._gpg(
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            f"{name} <{name}@nodecert.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        )
+
+    def _gpg(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["gpg", "--batch", "--yes", "--homedir", str(self.home), *args],
+            check=True,
+            capture_output=True,
+            **kwargs,
+        )
+
+    def export_armored(self) -> bytes:
+        return self._gpg("--armor", "--export").stdout
+
+    def sign_release(self, directory: Path) -> None:
+        release = directory / "Release"
+        self._gpg("--clearsign", "--output", str(directory / "InRelease"), str(release))
+        self._gpg("--armor", "--detach-sign", "--output", str(directory / "Release.gpg"), str(release))
+
+    def close(self) -> None:
+        subprocess.run(
+            ["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], check=False, capture_output=True
+        )
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _quiet_handler(directory: str):
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format, *args):
+            pass
+
+    return partial(Handler, directory=directory)
+
+
+@dataclass
+class StandInRepo:
+    """The built repository tree and the server answering for it."""
+
+    root: Path
+    url: str  # base URL, the role's cuda_toolkit_repo_url
+    key_checksum: str  # sha256:<hex> of the signing key file
+    wrong_key_path: str  # URL path of another key, for the bad-signature case
+    wrong_key_checksum: str
+    _server: http.server.ThreadingHTTPServer | None = None
+
+    def key_url(self, distribution: str, arch: str = "x86_64") -> str:
+        return f"{self.url}/{distribution}/{arch}/{KEY_NAME}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def build_and_serve(root: Path, kernel_release: str, architecture: str = "amd64") -> StandInRepo:
+    """Build the signed repository under root and serve it on a free port of 127.0.0.1."""
+    pool = root / "pool"
+    pool.mkdir(parents=True)
+    work = root / "build"
+    for package in stand_in_packages(kernel_release, architecture):
+        build_deb(package, work, pool)
+    shutil.rmtree(work)
+    subprocess.run(
+        "apt-ftparchive packages . > Packages && gzip -9kn Packages", shell=True, cwd=pool, check=True
+    )
+    release = subprocess.run(
+        [
+            "apt-ftparchive",
+            "-o",
+            "APT::FTPArchive::Release::Origin=NVIDIA stand-in",
+            "-o",
+            "APT::FTPArchive::Release::Label=NVIDIA CUDA stand-in",
+            "release",
+            ".",
+        ],
+        cwd=pool,
+        check=True,
+        capture_output=True,
+    ).stdout
+    (pool / "Release").write_bytes(release)
+
+    signer, stranger = Gpg("nodecert-stand-in-repo"), Gpg("nodecert-unrelated-key")
+    try:
+        signer.sign_release(pool)
+        key = signer.export_armored()
+        wrong_key = stranger.export_armored()
+    finally:
+        signer.close()
+        stranger.close()
+    (pool / KEY_NAME).write_bytes(key)
+    (root / "wrong-key.pub").write_bytes(wrong_key)
+    arch_dir = "sbsa" if architecture == "arm64" else "x86_64"
+    for distribution in DISTRIBUTIONS:
+        (root / REPO_PREFIX / distribution).mkdir(parents=True)
+        (root / REPO_PREFIX / distribution / arch_dir).symlink_to(pool)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _quiet_handler(str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True, name="stand-in-apt-repo").start()
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"{base}/{REPO_PREFIX}/debian12/{arch_dir}/Release", timeout=5):
+        pass
+    return StandInRepo(
+        root=root,
+        url=f"{base}/{REPO_PREFIX}",
+        key_checksum="sha256:" + hashlib.sha256(key).hexdigest(),
+        wrong_key_path=f"{base}/wrong-key.pub",
+        wrong_key_checksum="sha256:" + hashlib.sha256(wrong_key).hexdigest(),
+        _server=server,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the stand-in repository until killed (used by the Molecule scenario):
+    python -m e2elib.aptrepo DIR PORTFILE  (writes "<url> <key checksum>" to PORTFILE)."""
+    import signal
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m e2elib.aptrepo DIR INFOFILE", file=sys.stderr)
+        return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    repo = build_and_serve(Path(args[0]), os.uname().release)
+    Path(args[1]).write_text(f"{repo.url} {repo.key_checksum}\n")
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    repo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

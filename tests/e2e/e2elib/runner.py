@@ -1,0 +1,205 @@
+"""Run the playbooks against root filesystems with Ansible's chroot connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+VENV_BIN = REPO / ".venv" / "bin"
+
+# Each command Ansible runs in a root gets its own mount and PID namespace with a private /proc,
+# so nothing stays mounted afterwards and processes cannot outlive the task.
+CHROOT_WRAPPER = """#!/bin/sh
+# Called by Ansible like chroot(8): $1 is the root, the rest the command.
+exec unshare --mount --pid --fork --mount-proc="$1/proc" chroot "$@"
+"""
+
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
+    r"\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)\s+ignored=(?P<ignored>\d+)",
+    re.M,
+)
+
+
+@dataclass(repr=False)
+class Result:
+    rc: int
+    output: str
+    seconds: float
+    recap: dict[str, dict[str, int]]
+
+    def changed(self) -> dict[str, int]:
+        return {host: counts["changed"] for host, counts in self.recap.items()}
+
+    def failure(self, host: str) -> str:
+        """The message of the task that failed on host ('' if none did)."""
+        # The last one: a failure caught by a rescue is printed too, before the rescue's own.
+        matches = re.findall(rf"^fatal: \[{re.escape(host)}\]: FAILED! => (\{{.*\}})$", self.output, re.M)
+        return json.loads(matches[-1]).get("msg", "") if matches else ""
+
+    def __repr__(self) -> str:  # what pytest shows when an assertion on a result fails
+        return f"ansible-playbook rc={self.rc} after {self.seconds:.0f}s\n{self.output[-6000:]}"
+
+
+def write_wrapper(directory: Path) -> Path:
+    wrapper = directory / "chroot-unshare"
+    wrapper.write_text(CHROOT_WRAPPER)
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def write_inventory(
+    path: Path,
+    hosts: dict[str, Path],
+    wrapper: Path,
+    group_vars: dict,
+    host_vars: dict[str, dict] | None = None,
+) -> Path:
+    host_vars = host_vars or {}
+    inventory = {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        name: {"ansible_host": str(root), **host_vars.get(name, {})}
+                        for name, root in hosts.items()
+                    },
+                    "vars": {
+                        "ansible_connection": "community.general.chroot",
+                        "ansible_chroot_exe": str(wrapper),
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        # Already root; the roots have no sudo.
+                        "ansible_become": False,
+                        **group_vars,
+                    },
+                }
+            }
+        }
+    }
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return path
+
+
+def run_playbook(
+    playbook: str, inventory: Path, home: Path, *args: str, forks: int = 4, timeout: float = 900
+) -> Result:
+    """ansible-playbook under a clean environment: the controller's pip variables (PIP_FIND_LINKS,
+    PIP_CERT...) would otherwise leak into the commands run inside the roots."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "ANSIBLE_FORKS": str(forks),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_HOST_KEY_CHECKING": "False",
+        "ANSIBLE_LOCAL_TEMP": str(home / "ansible-tmp"),
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        # Modules go through the chroot's stdin instead of a copied file: fewer commands per task.
+        "ANSIBLE_PIPELINING": "True",
+        # Absolute: with pipelining, "~" would be expanded from the controller's HOME.
+        "ANSIBLE_REMOTE_TMP": "/root/.ansible/tmp",
+        "ANSIBLE_COLLECTIONS_PATH": str(home / "collections"),
+    }
+    if os.environ.get("NODECERT_E2E_PROFILE"):  # per-task timings, to see where a run spends time
+        env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.profile_tasks"
+    command = [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        str(REPO / "playbooks" / playbook),
+        *args,
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    seconds = time.monotonic() - start
+    recap = {
+        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+        for m in RECAP.finditer(proc.stdout)
+    }
+    return Result(proc.returncode, proc.stdout, seconds, recap)
+
+
+def in_root(root: Path, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command inside a root the way Ansible does (private /proc, no leftover mounts)."""
+    return subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={root}/proc", "chroot", str(root), *command],
+        check=check,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    )
+
+
+def fake_pci_device(root: Path, address: str, device_id: str, pci_class: str, vendor: str = "0x10de") -> None:
+    """What sysfs shows for a PCI function, written into the root's (otherwise empty) /sys."""
+    device = root / "sys/bus/pci/devices" / address
+    device.mkdir(parents=True, exist_ok=True)
+    (device / "vendor").write_text(f"{vendor}\n")
+    (device / "device").write_text(f"0x{device_id}\n")
+    (device / "class").write_text(f"{pci_class}\n")
+
+
+def fake_secure_boot(root: Path, enabled: bool) -> None:
+    efivars = root / "sys/firmware/efi/efivars"
+    efivars.mkdir(parents=True, exist_ok=True)
+    value = b"\x06\x00\x00\x00" + (b"\x01" if enabled else b"\x00")
+    (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(value)
+
+
+def hgx_h100(root: Path) -> None:
+    """An HGX H100 board: eight H100 SXM GPUs and four NVSwitches."""
+    for index in range(8):
+        fake_pci_device(root, f"0000:{0x18 + index * 0x10:02x}:00.0", "2330", "0x030200")
+    for index in range(4):
+        fake_pci_device(root, f"0000:{0xC0 + index:02x}:00.0", "22a3", "0x068000")
+
+
+# Takes dpkg's frontend lock the way apt does (an fcntl write lock) and keeps it.
+HOLD_DPKG_LOCK = """
+import fcntl, os, sys, time
+fd = os.open("/var/lib/dpkg/lock-frontend", os.O_RDWR | os.O_CREAT, 0o640)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+def hold_dpkg_lock(root: Path) -> subprocess.Popen:
+    """A process inside the root holding dpkg's lock until killed (--kill-child takes it along)."""
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            f"--mount-proc={root}/proc",
+            "chroot",
+            str(root),
+            "python3",
+            "-c",
+            HOLD_DPKG_LOCK,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder

@@ -1,0 +1,98 @@
+"""Hosts that must not be provisioned fail early, each with a message a person can act on.
+
+All fault hosts share one inventory and one run (forks=5), each failing at its own step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from e2elib import rootfs, runner
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+LOCK_TIMEOUT = 5
+
+
+@pytest.fixture(scope="module")
+def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper, ansible_home, workdir):
+    names = ("bad-checksum", "wrong-key", "unsupported-os", "apt-locked", "secure-boot")
+    roots = {name: make_host(name, debian12_tarball) for name in names}
+    rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
+    runner.fake_pci_device(roots["secure-boot"], "0000:3b:00.0", "2330", "0x030200")
+    runner.fake_secure_boot(roots["secure-boot"], enabled=True)
+    host_vars = {
+        "bad-checksum": {
+            "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()
+        },
+        # A key that passes its (correct) checksum but is not the one the repository is signed with.
+        "wrong-key": {
+            "cuda_toolkit_repo_key_url": stand_in_repo.wrong_key_path,
+            "cuda_toolkit_repo_key_checksum": stand_in_repo.wrong_key_checksum,
+        },
+        "apt-locked": {"preflight_apt_lock_timeout": LOCK_TIMEOUT},
+        # A kernel Canonical ships no precompiled NVIDIA modules for: DKMS would be needed.
+        "secure-boot": {"nvidia_driver_kernel_release": "6.99.0-1-generic"},
+    }
+    inventory = runner.write_inventory(workdir / "faults.yml", roots, chroot_wrapper, base_vars, host_vars)
+    holder = runner.hold_dpkg_lock(roots["apt-locked"])
+    try:
+        result = runner.run_playbook("provision.yml", inventory, ansible_home("faults"), forks=len(names))
+    finally:
+        holder.kill()
+        holder.wait()
+    return roots, result
+
+
+def test_every_fault_host_fails(faults):
+    roots, result = faults
+    assert result.rc == 2, result
+    assert {host: result.recap[host]["failed"] for host in roots} == dict.fromkeys(roots, 1), result
+
+
+def test_wrong_key_checksum_stops_before_trusting_the_key(faults):
+    roots, result = faults
+    message = result.failure("bad-checksum")
+    assert "Could not install the CUDA repository key" in message and "did not match" in message, result
+    assert "do not trust it" in message
+    assert not (roots["bad-checksum"] / "etc/apt/keyrings/nvidia-cuda.asc").exists()
+
+
+def test_repository_signed_by_another_key_is_refused(faults):
+    roots, result = faults
+    message = result.failure("wrong-key")
+    assert "apt could not read the CUDA repository" in message, result
+    assert "NO_PUBKEY" in message or "not signed" in message, message
+    assert not (roots["wrong-key"] / "usr/local/cuda-12.8").exists()
+
+
+def test_unsupported_os_fails_preflight(faults):
+    roots, result = faults
+    message = result.failure("unsupported-os")
+    assert "unsupported-os runs Ubuntu 20.04; these roles support Ubuntu 22.04/24.04, Debian 12" in message, (
+        result
+    )
+    assert not (roots["unsupported-os"] / "etc/apt/sources.list.d/nvidia-cuda.list").exists()
+
+
+def test_held_apt_lock_is_waited_for_then_named(faults):
+    _, result = faults
+    message = result.failure("apt-locked")
+    assert (
+        f"apt/dpkg is still locked after {LOCK_TIMEOUT} s: /var/lib/dpkg/lock-frontend held by" in message
+    ), result
+    assert "unattended-upgrades" in message and "preflight_apt_lock_timeout" in message
+    assert result.seconds >= LOCK_TIMEOUT
+
+
+def test_secure_boot_without_signed_modules_stops_with_mok_steps(faults):
+    roots, result = faults
+    message = result.failure("secure-boot")
+    assert "Secure Boot is enabled on secure-boot" in message, result
+    assert "linux-modules-nvidia-580-server-open-6.99.0-1-generic" in message
+    assert "update-secureboot-policy --enroll-key" in message and "nvidia_driver_mok_enrolled=true" in message
+    status = runner.in_root(
+        roots["secure-boot"], "dpkg-query", "--show", "--showformat=${Package}\\n", check=False
+    ).stdout.split()
+    assert not [p for p in status if p.startswith(("nvidia-", "linux-modules-nvidia"))]

@@ -1,0 +1,224 @@
+"""provision.yml for real: four Debian 12 roots in one inventory (forks=4), each a different node
+type, then assertions on what the roots hold, then a second run that must change nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from e2elib import aptrepo, runner
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+KERNEL = os.uname().release
+
+
+@dataclass
+class Cluster:
+    roots: dict[str, Path]
+    inventory: Path
+    first: runner.Result
+    second: runner.Result
+
+
+@pytest.fixture(scope="module")
+def cluster(make_host, debian12_tarball, base_vars, chroot_wrapper, ansible_home, workdir) -> Cluster:
+    roots = {name: make_host(name, debian12_tarball) for name in ("hgx-h100", "v100", "l40s-590", "image")}
+    runner.hgx_h100(roots["hgx-h100"])
+    runner.fake_pci_device(roots["v100"], "0000:3b:00.0", "1db5", "0x030200")
+    runner.fake_pci_device(roots["l40s-590"], "0000:3b:00.0", "26b9", "0x030200")
+    inventory = runner.write_inventory(
+        workdir / "cluster.yml",
+        roots,
+        chroot_wrapper,
+        base_vars,
+        host_vars={"l40s-590": {"nvidia_driver_branch": "590"}},
+    )
+    first = runner.run_playbook("provision.yml", inventory, ansible_home("cluster"), forks=4)
+    second = (
+        runner.run_playbook("provision.yml", inventory, ansible_home("cluster"), forks=4)
+        if first.rc == 0
+        else first
+    )
+    print(
+        f"\nprovision.yml, 4 hosts, forks=4: first run {first.seconds:.0f}s, second run {second.seconds:.0f}s"
+    )
+    return Cluster(roots, inventory, first, second)
+
+
+def selections(root: Path) -> dict[str, str]:
+    out = runner.in_root(root, "dpkg", "--get-selections").stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def version(root: Path, package: str) -> str:
+    return runner.in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
+
+
+def test_first_run_provisions_every_host(cluster):
+    assert cluster.first.rc == 0, cluster.first
+    assert set(cluster.first.recap) >= set(cluster.roots)
+    assert all(cluster.first.recap[host]["failed"] == 0 for host in cluster.roots), cluster.first
+
+
+def test_second_run_changes_nothing(cluster):
+    assert cluster.second.rc == 0, cluster.second
+    assert {host: cluster.second.recap[host]["changed"] for host in cluster.roots} == dict.fromkeys(
+        cluster.roots, 0
+    ), cluster.second
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        # H100 (Hopper): open modules recommended; precompiled modules exist for this kernel.
+        (
+            "hgx-h100",
+            [
+                "nvidia-headless-no-dkms-580-server-open",
+                f"linux-modules-nvidia-580-server-open-{KERNEL}",
+                "nvidia-utils-580-server",
+                "nvidia-compute-utils-580-server",
+            ],
+        ),
+        # V100 (Volta): the open modules cannot drive it.
+        (
+            "v100",
+            [
+                "nvidia-headless-no-dkms-580-server",
+                f"linux-modules-nvidia-580-server-{KERNEL}",
+                "nvidia-utils-580-server",
+            ],
+        ),
+        # Branch 590: NVIDIA's pinning package comes with it.
+        (
+            "l40s-590",
+            [
+                "nvidia-headless-no-dkms-590-server-open",
+                "nvidia-driver-pinning-590",
+                "nvidia-utils-590-server",
+            ],
+        ),
+        # No GPU (an image): the default flavour, open.
+        ("image", ["nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server"]),
+    ],
+)
+def test_driver_packages_are_installed_and_held(cluster, host, expected):
+    held = selections(cluster.roots[host])
+    assert {package: held.get(package) for package in expected} == dict.fromkeys(expected, "hold")
+    wrong_flavour = (
+        "nvidia-headless-no-dkms-580-server" if host != "v100" else "nvidia-headless-no-dkms-580-server-open"
+    )
+    assert wrong_flavour not in held
+    assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules exist: no DKMS"
+
+
+def test_cuda_repository_is_signed_by_the_pinned_key(cluster, stand_in_repo):
+    for root in cluster.roots.values():
+        source = (root / "etc/apt/sources.list.d/nvidia-cuda.list").read_text()
+        assert (
+            f"deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] {stand_in_repo.url}/debian12/x86_64/ /"
+            in source
+        )
+        assert "trusted=yes" not in source
+        key = (root / "etc/apt/keyrings/nvidia-cuda.asc").read_bytes()
+        assert "sha256:" + hashlib.sha256(key).hexdigest() == stand_in_repo.key_checksum
+        # Nothing went into apt's global trust store.
+        assert not (root / "etc/apt/trusted.gpg").exists()
+        assert not list((root / "etc/apt/trusted.gpg.d").glob("*cuda*"))
+
+
+def test_cuda_toolkit_and_nccl_are_pinned_and_held(cluster):
+    for root in cluster.roots.values():
+        held = selections(root)
+        for package in ("cuda-toolkit-12-8", "cuda-nvcc-12-8", "libnccl2", "libnccl-dev"):
+            assert held.get(package) == "hold", package
+        # The repository also offers a newer NCCL built for CUDA 12.9: the pin must win.
+        assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+        assert version(root, "libnccl-dev") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+        profile = (root / "etc/profile.d/cuda.sh").read_text()
+        assert "CUDA_HOME=/usr/local/cuda-12.8" in profile and "${CUDA_HOME}/lib64" in profile
+        login = runner.in_root(root, "sh", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
+        assert "release 12.8," in login and "LD=/usr/local/cuda-12.8/lib64" in login
+
+
+def test_fabric_manager_only_where_nvswitches_are(cluster):
+    hgx = cluster.roots["hgx-h100"]
+    # The driver's version exactly, although an older build is also offered.
+    assert version(hgx, "nvidia-fabricmanager-580") == f"{aptrepo.DRIVER_VERSIONS['580']}-1"
+    assert selections(hgx)["nvidia-fabricmanager-580"] == "hold"
+    link = hgx / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
+    assert os.readlink(link) == "/lib/systemd/system/nvidia-fabricmanager.service"
+    for name in ("v100", "l40s-590", "image"):
+        assert not [p for p in selections(cluster.roots[name]) if p.startswith("nvidia-fabricmanager")], name
+    assert "Fabric Manager skipped on v100: no NVSwitch" in cluster.first.output
+
+
+def test_nouveau_persistence_and_upgrades_are_configured(cluster):
+    for root in cluster.roots.values():
+        blacklist = (root / "etc/modprobe.d/nodecert-blacklist-nouveau.conf").read_text()
+        assert "blacklist nouveau" in blacklist and "options nouveau modeset=0" in blacklist
+        unattended = (root / "etc/apt/apt.conf.d/51nodecert-nvidia-blacklist").read_text()
+        assert "Unattended-Upgrade::Package-Blacklist {" in unattended
+        for pattern in ('"^nvidia-";', '"^libnvidia-";', '"^libnccl";'):
+            assert pattern in unattended
+        override = (root / "etc/systemd/system/nvidia-persistenced.service.d/nodecert.conf").read_text()
+        exec_lines = [line for line in override.splitlines() if line.startswith("ExecStart=")]
+        assert exec_lines[0] == "ExecStart=", "the drop-in must clear Ubuntu's ExecStart first"
+        assert "--persistence-mode" in exec_lines[1].split() and "--no-persistence-mode" not in exec_lines[1]
+        wants = root / "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service"
+        assert os.readlink(wants) == "/lib/systemd/system/nvidia-persistenced.service"
+
+
+def test_venv_imports_torch_and_this_project(cluster, base_vars):
+    for root in cluster.roots.values():
+        probe = runner.in_root(
+            root, "/opt/nodecert/venv/bin/python", "-c", "import torch, checks; print(torch.__version__)"
+        )
+        assert probe.stdout.startswith("2.13.0"), probe.stderr
+        lock = (root / "opt/nodecert/requirements.lock").read_text()
+        assert re.search(r"^torch==2\.13\.0", lock, re.M)
+        assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
+    assert (
+        "trainer" in base_vars["pytorch_import_check"]
+        or not (Path(__file__).parents[2] / "trainer/__init__.py").exists()
+    )
+
+
+def test_no_reboot_through_a_chroot_but_an_instruction(cluster):
+    # Loaded driver (none: no /proc/driver/nvidia in a chroot) differs from the installed one.
+    assert re.search(
+        r"hgx-h100 runs driver none, but 580\.95\.05 is installed\. Not rebooting because the "
+        r"connection is community\.general\.chroot",
+        cluster.first.output,
+    )
+    # A node without GPUs has nothing to load.
+    assert "No NVIDIA GPU on image: driver 580.95.05" in cluster.first.output
+
+
+def test_verify_collects_each_report(cluster, chroot_wrapper, ansible_home, workdir):
+    reports = workdir / "reports"
+    result = runner.run_playbook(
+        "verify.yml",
+        cluster.inventory,
+        ansible_home("verify"),
+        "--limit",
+        "hgx-h100,image",
+        "-e",
+        "verify_level=quick",
+        "-e",
+        "verify_run_id=e2e",
+        "-e",
+        f"verify_reports_dir={reports}",
+    )
+    for host in ("hgx-h100", "image"):
+        report = reports / "e2e" / f"{host}.json"
+        # Fetched whether the checks passed or failed.
+        assert report.exists(), result
+        failed = result.recap[host]["failed"] == 1
+        assert failed == (f"Checks failed on {host}" in result.output), result
+    assert result.rc == (2 if any(result.recap[h]["failed"] for h in ("hgx-h100", "image")) else 0), result
