@@ -136,23 +136,23 @@ def add_workload(report: dict[str, Any], rng: random.Random,
                               {"figures": {"matmul_bf16_tflops": jitter("matmul_bf16_tflops",
                                                                         MATMUL_BF16_TFLOPS, i)}}))
         membw.append(_result("PASS", "device memory copy bandwidth", dev,
-                             {"figures": {"mem_bw_gbs": jitter("mem_bw_gbs", MEM_BW_GBS, i)}}))
+                             {"figures": {"membw_copy_gbs": jitter("membw_copy_gbs", MEM_BW_GBS, i)}}))
     ranks = max(len(devices), 2)
     busbw = jitter("allreduce_busbw_gbs", ALLREDUCE_PEAK_BUSBW_GBS)
     curve = _allreduce_curve(busbw, ranks)
-    loader = _dataloader_curve(jitter("dataloader_samples_per_s", DATALOADER_SAMPLES_PER_WORKER), 12)
+    loader = _dataloader_curve(jitter("dataloader_max_samples_per_s", DATALOADER_SAMPLES_PER_WORKER), 12)
     checks = [
         _check("nccl-allreduce", "COL001", "All-reduce correctness and bus bandwidth", [_result(
             "PASS", f"all-reduce peak bus bandwidth over {ranks} ranks", None,
             {"figures": {"allreduce_busbw_gbs": max(p["busbw_gbs"] for p in curve)}, "curve": curve})]),
         _check("dataloader-scaling", "DAT003", "DataLoader throughput vs workers", [_result(
             "PASS", "DataLoader throughput saturates at 12 workers", None,
-            {"figures": {"dataloader_samples_per_s": max(p["samples_per_s"] for p in loader)},
+            {"figures": {"dataloader_max_samples_per_s": max(p["samples_per_s"] for p in loader)},
              "curve": loader})]),
     ]
     if devices:
-        checks[:0] = [_check("matmul-throughput", "CMP001", "Dense matmul throughput per GPU", matmul),
-                      _check("memory-bandwidth", "CMP002", "Device memory bandwidth per GPU", membw)]
+        checks[:0] = [_check("gpu-matmul", "CMP001", "Dense matmul throughput per GPU", matmul),
+                      _check("gpu-membw", "CMP002", "Device memory bandwidth per GPU", membw)]
     report["checks"].extend(checks)
     report["level"] = "standard"
 

@@ -45,10 +45,10 @@ class PlantedFleet:
 
 SLOW = [
     Slow("node0007", "matmul_bf16_tflops", 0.80, gpu=3),   # 20 % below: FAIL
-    Slow("node0123", "mem_bw_gbs", 0.93, gpu=0),           # 7 %: WARN
+    Slow("node0123", "membw_copy_gbs", 0.93, gpu=0),           # 7 %: WARN
     Slow("node0500", "allreduce_busbw_gbs", 0.85),         # host-level, 15 %: FAIL
     Slow("node0999", "matmul_bf16_tflops", 0.94, gpu=7),   # 6 %: WARN
-    Slow("node0321", "dataloader_samples_per_s", 0.70),    # host-level, 30 %: FAIL
+    Slow("node0321", "dataloader_max_samples_per_s", 0.70),    # host-level, 30 %: FAIL
 ]
 BROKEN = [
     Broken("node0042", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors"),
@@ -80,5 +80,5 @@ def small_fleet(h100_report: dict[str, Any]) -> list[dict[str, Any]]:
     return synthetic.build(24, base=h100_report, run_id="run-small", slow=[
         Slow("node0007", "matmul_bf16_tflops", 0.8, gpu=3),
         Slow("node0010", "allreduce_busbw_gbs", 0.6),
-        Slow("node0003", "mem_bw_gbs", 0.93, gpu=1),
+        Slow("node0003", "membw_copy_gbs", 0.93, gpu=1),
     ], broken=[Broken("node0012", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC errors")])

@@ -97,7 +97,7 @@ def test_a_fleet_summary_in_the_run_directory_is_not_a_host(tmp_path, h100_repor
 
 
 def test_one_host_finds_a_slow_gpu_among_its_own(h100_report) -> None:
-    [report] = synthetic.build(1, base=h100_report, slow=[Slow("node0000", "mem_bw_gbs", 0.7, gpu=6)])
+    [report] = synthetic.build(1, base=h100_report, slow=[Slow("node0000", "membw_copy_gbs", 0.7, gpu=6)])
     fleet = aggregate.from_reports([report])
     assert [(s.host, s.gpu.index, s.status) for s in fleet.stragglers] == [("node0000", 6, "FAIL")]
     assert fleet.hosts[0].status == "FAIL"
@@ -121,7 +121,7 @@ def test_straggler_pct_comes_from_the_profile() -> None:
 
 
 @pytest.mark.parametrize(("name", "higher"), [
-    ("matmul_bf16_tflops", True), ("mem_bw_gbs", True), ("samples_per_s", True),
+    ("matmul_bf16_tflops", True), ("membw_copy_gbs", True), ("samples_per_s", True),
     ("step_time_ms", False), ("latency_us", False), ("epoch_s", False),
 ])
 def test_direction_from_the_figure_name(name: str, higher: bool) -> None:

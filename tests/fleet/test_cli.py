@@ -30,7 +30,7 @@ def test_healthy_fleet_exits_0(tmp_path, h100_report, capsys) -> None:
 
 
 def test_every_output(tmp_path, h100_report, fleet_schema, capsys) -> None:
-    run = _run_dir(tmp_path / "reports", "r1", h100_report, slow=[Slow("node0002", "mem_bw_gbs", 0.5, gpu=1)],
+    run = _run_dir(tmp_path / "reports", "r1", h100_report, slow=[Slow("node0002", "membw_copy_gbs", 0.5, gpu=1)],
                    broken=[Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")])
     errors = tmp_path / "host-errors.json"
     errors.write_text(json.dumps({"node0009": "unreachable"}))

@@ -66,7 +66,7 @@ def test_a_straggler_fail_counts_as_a_failure(store, h100_report) -> None:
     for run_id in ("r1", "r2"):
         store.record(_run(h100_report, run_id, slow=[Slow("node0001", "matmul_bf16_tflops", 0.5, gpu=1)]))
     [lemon] = store.lemons()
-    assert lemon.uuid == LEMON_UUID and lemon.checks == ("straggler:matmul-throughput/matmul_bf16_tflops",)
+    assert lemon.uuid == LEMON_UUID and lemon.checks == ("straggler:gpu-matmul/matmul_bf16_tflops",)
 
 
 def test_figures_and_gpus_are_stored(store, h100_report) -> None:
@@ -74,7 +74,7 @@ def test_figures_and_gpus_are_stored(store, h100_report) -> None:
     db = sqlite3.connect(store.path)
     assert db.execute("SELECT COUNT(*) FROM gpus WHERE run_id = 'r1'").fetchone() == (32,)
     names = {n for (n,) in db.execute("SELECT DISTINCT name FROM figures")}
-    assert names == {"matmul_bf16_tflops", "mem_bw_gbs", "allreduce_busbw_gbs", "dataloader_samples_per_s"}
-    value = db.execute("SELECT value FROM figures WHERE gpu_uuid = ? AND name = 'mem_bw_gbs'",
+    assert names == {"matmul_bf16_tflops", "membw_copy_gbs", "allreduce_busbw_gbs", "dataloader_max_samples_per_s"}
+    value = db.execute("SELECT value FROM figures WHERE gpu_uuid = ? AND name = 'membw_copy_gbs'",
                        (LEMON_UUID,)).fetchone()[0]
     assert value == pytest.approx(synthetic.MEM_BW_GBS, rel=0.03)

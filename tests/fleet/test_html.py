@@ -49,7 +49,7 @@ def test_fleet_report_is_self_contained_and_has_every_plot(tmp_path, small_fleet
     assert "All-reduce bus bandwidth vs message size" in titles
     assert "DataLoader throughput vs workers" in titles
     assert any(t.startswith("matmul_bf16_tflops per GPU") for t in titles)
-    assert any(t.startswith("mem_bw_gbs per GPU") for t in titles)
+    assert any(t.startswith("membw_copy_gbs per GPU") for t in titles)
     assert "median" in text and "node0012" in text and "ecc-errors" in text
     assert text.count('class="bar"') >= 2 * 24 * 8
 
@@ -119,4 +119,4 @@ def test_only_the_straggler_bar_is_coloured(small_fleet) -> None:
            for name, svg in charts.items()}
     assert red["matmul_bf16_tflops"] == ["node0007 GPU3"]
     assert red["allreduce_busbw_gbs"] == ["node0010"]
-    assert red["mem_bw_gbs"] == red["dataloader_samples_per_s"] == []
+    assert red["membw_copy_gbs"] == red["dataloader_max_samples_per_s"] == []

@@ -40,11 +40,11 @@ def test_one_host(tmp_path, small_fleet) -> None:
     assert _one(families["nodecert_checks"], status="FAIL").value == 1.0
 
     tflops = next(r["details"]["figures"]["matmul_bf16_tflops"]
-                  for c in report["checks"] if c["id"] == "matmul-throughput"
+                  for c in report["checks"] if c["id"] == "gpu-matmul"
                   for r in c["results"] if r["device"]["index"] == 3)
     assert _one(families["nodecert_matmul_bf16_flops"], gpu="3").value == pytest.approx(tflops * 1e12)
     assert "nodecert_allreduce_busbw_bytes_per_second" in families
-    assert "nodecert_dataloader_samples_per_second" in families
+    assert "nodecert_dataloader_max_samples_per_second" in families
 
     finished = dt.datetime.fromisoformat(report["started_at"]).timestamp() + report["duration_s"]
     assert families["nodecert_last_run_timestamp_seconds"][0].value == pytest.approx(finished)
@@ -74,7 +74,7 @@ def test_fleet_directory(tmp_path, small_fleet) -> None:
 
 @pytest.mark.parametrize(("figure", "metric", "factor"), [
     ("matmul_bf16_tflops", "nodecert_matmul_bf16_flops", 1e12),
-    ("mem_bw_gbs", "nodecert_mem_bw_bytes_per_second", 1e9),
+    ("membw_copy_gbs", "nodecert_membw_copy_bytes_per_second", 1e9),
     ("samples_per_s", "nodecert_samples_per_second", 1.0),
     ("step_time_ms", "nodecert_step_time_seconds", 1e-3),
     ("latency_us", "nodecert_latency_seconds", 1e-6),
