@@ -170,6 +170,7 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
                       expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
                       duration_s=args.duration, nproc=args.nproc)
     ctx = Context(hw, profile, options)
+    ctx.selected = {chk.id for chk in selected}
     started_at = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
     if args.quiet:

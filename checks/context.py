@@ -38,6 +38,9 @@ class Context:
         self.profile = profile
         self.options = options
         self.outcomes: dict[str, CheckOutcome] = {}
+        # Ids of the checks selected for this run (set by the CLI), so a check that serves
+        # several (one launch for all acceptance jobs) does only the selected work.
+        self.selected: set[str] = set()
         self._lock = threading.Lock()
 
     # Reads shared by several checks are done once per run.

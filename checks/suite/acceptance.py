@@ -39,7 +39,8 @@ _lock = threading.Lock()
 def _plan(ctx: Context) -> tuple[list[str], int]:
     gpus = ctx.hw.torch().device_count
     nproc = ctx.options.nproc or gpus or CPU_RANKS
-    jobs = [j for j in JOBS if j != "dp" or gpus >= 2]
+    jobs = [j for j in JOBS if (j != "dp" or gpus >= 2)
+            and (not ctx.selected or f"train-{j}" in ctx.selected)]
     return jobs, nproc
 
 
