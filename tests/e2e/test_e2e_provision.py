@@ -4,12 +4,14 @@ type, then assertions on what the roots hold, then a second run that must change
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from e2elib import aptrepo, runner
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -213,6 +215,8 @@ def test_verify_collects_each_report(cluster, chroot_wrapper, ansible_home, work
         "-e",
         "verify_run_id=e2e",
         "-e",
+        "verify_crosshost=none",
+        "-e",
         f"verify_reports_dir={reports}",
     )
     for host in ("hgx-h100", "image"):
@@ -222,3 +226,59 @@ def test_verify_collects_each_report(cluster, chroot_wrapper, ansible_home, work
         failed = result.recap[host]["failed"] == 1
         assert failed == (f"Checks failed on {host}" in result.output), result
     assert result.rc == (2 if any(result.recap[h]["failed"] for h in ("hgx-h100", "image")) else 0), result
+
+
+def test_fleet_verify_names_every_fault_and_still_reports(cluster, chroot_wrapper, ansible_home, workdir):
+    """Fleet mode over the provisioned roots: a host that cannot be reached, a host whose checks
+    crash (so it never joins the cross-host rendezvous either), hosts with GPUs but no loaded
+    driver, and a healthy image. Everything is named in the fleet report and the run finishes."""
+    # The roots have no sysfs and this kernel has no /proc/modules: give each root the sysfs
+    # directories a real host shows (the GPU roots already carry their fake PCI devices).
+    for root in cluster.roots.values():
+        for directory in ("sys/module", "sys/bus/pci/devices"):
+            (root / directory).mkdir(parents=True, exist_ok=True)
+    crash = cluster.roots["v100"] / "usr/local/bin/nodecert-crash"
+    crash.write_text("#!/bin/sh\necho 'Segmentation fault (core dumped)' >&2\nexit 139\n")
+    crash.chmod(0o755)
+    inventory = yaml.safe_load(cluster.inventory.read_text())
+    hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    hosts["v100"]["verify_python"] = "/usr/local/bin/nodecert-crash"
+    hosts["ghost"] = {"ansible_host": str(workdir / "no-such-root")}
+    inventory["all"]["children"]["gpu_nodes"]["vars"]["nodecert_rdzv_address"] = "127.0.0.1"
+    fleet_inventory = workdir / "fleet.yml"
+    fleet_inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    reports = workdir / "fleet-reports"
+    result = runner.run_playbook(
+        "verify.yml",
+        fleet_inventory,
+        ansible_home("fleet"),
+        "-e",
+        "verify_level=quick",
+        "-e",
+        "verify_run_id=fleet",
+        "-e",
+        f"verify_reports_dir={reports}",
+        "-e",
+        "verify_crosshost_join_timeout=40",
+        forks=5,
+        timeout=900,
+    )
+    run = reports / "fleet"
+    fleet = json.loads((run / "meta" / "fleet.json").read_text())
+    status = {h["host"]: h for h in fleet["hosts"]}
+    assert status["ghost"]["status"] == "MISSING" and "unreachable" in status["ghost"]["reason"], result
+    assert status["v100"]["status"] == "MISSING", result
+    assert "checks crashed: exit 139: Segmentation fault" in status["v100"]["reason"]
+    # GPUs on the (fake) PCI bus with no driver loaded in a chroot: a FAIL, not a skip.
+    assert status["hgx-h100"]["status"] == "FAIL"
+    image = json.loads((run / "image.json").read_text())
+    bad = {c["id"]: c["results"][0]["message"] for c in image["checks"] if c["status"] in ("FAIL", "ERROR")}
+    assert status["image"]["status"] in ("PASS", "WARN"), bad
+    analysis = json.loads((run / "crosshost" / "analysis.json").read_text())
+    assert analysis["suspects"] == ["v100"], analysis
+    xhost = {c["id"]: c for c in image["checks"] if c["id"].startswith("xhost-")}
+    assert xhost["xhost-collective"]["status"] == "WARN"  # a victim of v100, not blamed
+    assert "because of v100" in xhost["xhost-collective"]["results"][0]["message"]
+    for output in ("fleet.html", "fleet.xml", "prometheus/nodecert-fleet.prom"):
+        assert (run / "meta" / output).stat().st_size > 0
+    assert result.rc != 0 and "Fleet verdict FAIL" in result.output
