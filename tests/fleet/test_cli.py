@@ -30,14 +30,34 @@ def test_healthy_fleet_exits_0(tmp_path, h100_report, capsys) -> None:
 
 
 def test_every_output(tmp_path, h100_report, fleet_schema, capsys) -> None:
-    run = _run_dir(tmp_path / "reports", "r1", h100_report, slow=[Slow("node0002", "membw_copy_gbs", 0.5, gpu=1)],
-                   broken=[Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")])
+    run = _run_dir(
+        tmp_path / "reports",
+        "r1",
+        h100_report,
+        slow=[Slow("node0002", "membw_copy_gbs", 0.5, gpu=1)],
+        broken=[Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")],
+    )
     errors = tmp_path / "host-errors.json"
     errors.write_text(json.dumps({"node0009": "unreachable"}))
     out = tmp_path / "out"
-    code = main(["report", str(run), "--host-errors", str(errors), "--json", str(out / "fleet.json"),
-                 "--html", str(out / "fleet.html"), "--junit", str(out / "fleet.xml"),
-                 "--prometheus-dir", str(out / "prom"), "--history", str(out / "h.sqlite")])
+    code = main(
+        [
+            "report",
+            str(run),
+            "--host-errors",
+            str(errors),
+            "--json",
+            str(out / "fleet.json"),
+            "--html",
+            str(out / "fleet.html"),
+            "--junit",
+            str(out / "fleet.xml"),
+            "--prometheus-dir",
+            str(out / "prom"),
+            "--history",
+            str(out / "h.sqlite"),
+        ]
+    )
     assert code == 1
     printed = capsys.readouterr().out
     assert "node0009" in printed and "unreachable" in printed and "ecc-errors" in printed
@@ -45,10 +65,17 @@ def test_every_output(tmp_path, h100_report, fleet_schema, capsys) -> None:
     doc = json.loads((out / "fleet.json").read_text())
     jsonschema.Draft202012Validator(fleet_schema).validate(doc)
     assert {h["host"]: h["status"] for h in doc["hosts"]} == {
-        "node0000": "PASS", "node0001": "FAIL", "node0002": "FAIL", "node0003": "PASS", "node0009": "MISSING"}
+        "node0000": "PASS",
+        "node0001": "FAIL",
+        "node0002": "FAIL",
+        "node0003": "PASS",
+        "node0009": "MISSING",
+    }
     assert (out / "fleet.html").read_text().startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in (out / "prom").iterdir()) == [
-        "nodecert-fleet.prom", *(f"nodecert-node000{i}.prom" for i in range(4))]
+        "nodecert-fleet.prom",
+        *(f"nodecert-node000{i}.prom" for i in range(4)),
+    ]
 
     suites = {s.get("name"): s for s in ET.parse(out / "fleet.xml").getroot()}
     assert suites["node0009"].find("testcase/error").get("message") == "unreachable"
@@ -59,21 +86,25 @@ def test_every_output(tmp_path, h100_report, fleet_schema, capsys) -> None:
 
 def test_lemons_across_runs(tmp_path, h100_report) -> None:
     reports = tmp_path / "reports"
-    for i, broken in enumerate([[Broken("node0001", "ecc-errors", gpu=5)], [],
-                                [Broken("node0001", "row-remap", gpu=5)]]):
+    for i, broken in enumerate(
+        [[Broken("node0001", "ecc-errors", gpu=5)], [], [Broken("node0001", "row-remap", gpu=5)]]
+    ):
         run = _run_dir(reports, f"r{i}", h100_report, broken=broken)
         main(["report", str(run), "-q", "--json", str(run / "fleet.json")])
     doc = json.loads((reports / "r2" / "fleet.json").read_text())
     [lemon] = doc["lemons"]
     assert lemon["hosts"] == ["node0001"] and lemon["checks"] == ["ecc-errors", "row-remap"]
     assert (lemon["failed_runs"], lemon["seen_runs"]) == (2, 3)
-    again = main(["report", str(reports / "r2"), "-q", "--lemon-failures", "3",
-                  "--json", str(tmp_path / "f.json")])
+    again = main(
+        ["report", str(reports / "r2"), "-q", "--lemon-failures", "3", "--json", str(tmp_path / "f.json")]
+    )
     assert again == 1 and json.loads((tmp_path / "f.json").read_text())["lemons"] == []
 
 
-@pytest.mark.skipif(not (Path(sys.executable).with_name("ansible-inventory").exists()
-                         or shutil.which("ansible-inventory")), reason="needs ansible-core")
+@pytest.mark.skipif(
+    not (Path(sys.executable).with_name("ansible-inventory").exists() or shutil.which("ansible-inventory")),
+    reason="needs ansible-core",
+)
 def test_hosts_from_an_ansible_inventory(tmp_path, h100_report, capsys) -> None:
     run = _run_dir(tmp_path / "reports", "r1", h100_report, n=2)
     inventory = tmp_path / "inventory"
@@ -82,13 +113,16 @@ def test_hosts_from_an_ansible_inventory(tmp_path, h100_report, capsys) -> None:
     assert "node0002 │ MISSING" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["report", "/nonexistent/run"], "is not a directory"),
-    (["report", "{empty}"], "no host reports"),
-    (["report", "{empty}", "--host-errors", "/nonexistent.json"], "--host-errors"),
-    (["report", "{empty}", "--inventory", "/nonexistent-inventory"], "does not exist"),
-    (["report", "{empty}", "--lemon-failures", "3", "--lemon-runs", "2"], "--lemon-failures"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "/nonexistent/run"], "is not a directory"),
+        (["report", "{empty}"], "no host reports"),
+        (["report", "{empty}", "--host-errors", "/nonexistent.json"], "--host-errors"),
+        (["report", "{empty}", "--inventory", "/nonexistent-inventory"], "does not exist"),
+        (["report", "{empty}", "--lemon-failures", "3", "--lemon-runs", "2"], "--lemon-failures"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, message) -> None:
     (tmp_path / "empty").mkdir()
     argv = [a.replace("{empty}", str(tmp_path / "empty")) for a in argv]

@@ -13,8 +13,9 @@ from checks.fleet.synthetic import Broken, Slow
 LEMON_UUID = "GPU-1e301e30-0000-4000-8000-000000000001"
 
 
-def _run(base: dict[str, Any], run_id: str, *, broken=(), slow=(), moved_to: str | None = None
-         ) -> aggregate.Fleet:
+def _run(
+    base: dict[str, Any], run_id: str, *, broken=(), slow=(), moved_to: str | None = None
+) -> aggregate.Fleet:
     """4 hosts; the lemon GPU sits in node0001 (index 1), or in `moved_to` (index 2)."""
     reports = synthetic.build(4, base=base, run_id=run_id, broken=broken, slow=slow)
     by_host = {r["host"]: r for r in reports}
@@ -34,9 +35,14 @@ def store(tmp_path) -> history.History:
 def test_a_gpu_failing_twice_is_a_lemon_even_after_it_moved(store, h100_report) -> None:
     store.record(_run(h100_report, "r1", broken=[Broken("node0001", "ecc-errors", gpu=1)]))
     store.record(_run(h100_report, "r2"))
-    store.record(_run(h100_report, "r3", broken=[Broken("node0003", "ecc-errors", gpu=2),
-                                                 Broken("node0000", "row-remap", gpu=4)],
-                      moved_to="node0003"))
+    store.record(
+        _run(
+            h100_report,
+            "r3",
+            broken=[Broken("node0003", "ecc-errors", gpu=2), Broken("node0000", "row-remap", gpu=4)],
+            moved_to="node0003",
+        )
+    )
     [lemon] = store.lemons()
     assert lemon.uuid == LEMON_UUID
     assert (lemon.failed_runs, lemon.seen_runs, lemon.window) == (2, 3, 5)
@@ -74,7 +80,13 @@ def test_figures_and_gpus_are_stored(store, h100_report) -> None:
     db = sqlite3.connect(store.path)
     assert db.execute("SELECT COUNT(*) FROM gpus WHERE run_id = 'r1'").fetchone() == (32,)
     names = {n for (n,) in db.execute("SELECT DISTINCT name FROM figures")}
-    assert names == {"matmul_bf16_tflops", "membw_copy_gbs", "allreduce_busbw_gbs", "dataloader_max_samples_per_s"}
-    value = db.execute("SELECT value FROM figures WHERE gpu_uuid = ? AND name = 'membw_copy_gbs'",
-                       (LEMON_UUID,)).fetchone()[0]
+    assert names == {
+        "matmul_bf16_tflops",
+        "membw_copy_gbs",
+        "allreduce_busbw_gbs",
+        "dataloader_max_samples_per_s",
+    }
+    value = db.execute(
+        "SELECT value FROM figures WHERE gpu_uuid = ? AND name = 'membw_copy_gbs'", (LEMON_UUID,)
+    ).fetchone()[0]
     assert value == pytest.approx(synthetic.MEM_BW_GBS, rel=0.03)

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from checks.dist import procs
 from checks.dist.rank import ENV_WORKDIR
 from checks.suite.collective import judge_collectives
-from checks.workloads import busbw, collective, procs
+from checks.workloads import busbw, collective
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,14 @@ class Release:
     name: str  # e.g. "debian12", used in cache names and test ids
     suite: str  # debootstrap suite
     mirror: str
-    check_gpg: bool  # bookworm has no Ubuntu archive keyring: Ubuntu roots skip the check
+    # Debian 12 (the machine the tests run on) has no Ubuntu archive keyring (ubuntu-keyring is
+    # not packaged for bookworm), so debootstrap cannot verify Ubuntu's Release files:
+    # Ubuntu roots are built with --no-check-gpg. Inside the roots apt verifies normally.
+    check_gpg: bool
+    components: str = "main"
+    # debootstrap script when bookworm's debootstrap has none for the suite (noble is newer than
+    # it; Ubuntu's scripts for every release since gutsy are the same file).
+    script: str = ""
 
     def release_url(self) -> str:
         return f"{self.mirror.rstrip('/')}/dists/{self.suite}/Release"
@@ -62,8 +69,12 @@ def debian_mirror(default: str = "http://deb.debian.org/debian") -> str:
 
 
 DEBIAN_12 = Release("debian12", "bookworm", debian_mirror(), check_gpg=True)
-UBUNTU_2204 = Release("ubuntu2204", "jammy", "http://archive.ubuntu.com/ubuntu", check_gpg=False)
-UBUNTU_2404 = Release("ubuntu2404", "noble", "http://archive.ubuntu.com/ubuntu", check_gpg=False)
+UBUNTU_MIRROR = os.environ.get("NODECERT_E2E_UBUNTU_MIRROR", "http://archive.ubuntu.com/ubuntu")
+# Release pocket only (no -updates/-security): what debootstrap fetches is fixed per release.
+UBUNTU_2204 = Release("ubuntu2204", "jammy", UBUNTU_MIRROR, check_gpg=False, components="main,universe")
+UBUNTU_2404 = Release(
+    "ubuntu2404", "noble", UBUNTU_MIRROR, check_gpg=False, components="main,universe", script="gutsy"
+)
 
 
 def archive_answers(release: Release, timeout: float = 5.0) -> str | None:
@@ -79,8 +90,9 @@ def archive_answers(release: Release, timeout: float = 5.0) -> str | None:
 
 def cached_tarball(release: Release, cache_dir: Path, packages: tuple[str, ...] = BASE_PACKAGES) -> Path:
     """Path of the release's root tarball, building it with debootstrap when it is not cached."""
+    extra = [release.components, release.script] if release.components != "main" or release.script else []
     key = hashlib.sha256(
-        "\n".join([RECIPE_VERSION, release.suite, release.mirror, *packages]).encode()
+        "\n".join([RECIPE_VERSION, release.suite, release.mirror, *packages, *extra]).encode()
     ).hexdigest()[:12]
     cache_dir.mkdir(parents=True, exist_ok=True)
     tarball = cache_dir / f"rootfs-{release.name}-{key}.tar"
@@ -103,8 +115,16 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
     ]
     if not release.check_gpg:
         command.append("--no-check-gpg")
+    if release.components != "main":
+        command.append(f"--components={release.components}")
     command += [release.suite, str(work), release.mirror]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if release.script:
+        command.append(f"/usr/share/debootstrap/scripts/{release.script}")
+    proc = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        log = work / "debootstrap/debootstrap.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}\n{tail}")
     # Build apt's binary caches now so that merely opening the cache on a host (python-apt does,
     # even in check mode) finds them current and writes nothing.
     subprocess.run(["chroot", str(work), "apt-cache", "stats"], check=True, stdout=subprocess.DEVNULL)
