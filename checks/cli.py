@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from . import profiles, registry, report, runner
+from . import cliutil, profiles, registry, report, runner
 from .context import Context, Options
 from .hw.base import Backend, HardwareError
 from .hw.fixture import FixtureBackend, ScenarioError, shipped
@@ -210,11 +210,9 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed the one-line error / help
-        return int(exc.code or 0)
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     console = Console(emoji=False, highlight=False)
     err = Console(stderr=True, emoji=False, highlight=False)
     try:

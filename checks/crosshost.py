@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import report
+from . import cliutil, report
 from .model import CheckOutcome, Result, Status, error
 
 STAGES = ("collective", "ddp")
@@ -185,11 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         if args.command == "plan":
             return plan_cmd(args)

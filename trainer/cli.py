@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from checks import cliutil
+
 from .config import CONTROL_JOB, CONTROLS, TrainConfig
 from .jobs import ORDER
 from .report import ERROR, FAIL, PASS, SKIP, JobReport
@@ -105,11 +107,9 @@ def _under_torchrun() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return EXIT_USAGE if exc.code else EXIT_PASS
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         names = _jobs(args.jobs)
         cfg = _config(args)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .. import cliutil
 from . import aggregate, crosshost, history, inventory, junit, terminal
 from .aggregate import Fleet
 
@@ -150,11 +151,9 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse printed the usage error or the help
-        return int(exc.code or 0)
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     console = Console(emoji=False, highlight=False)
     err = Console(stderr=True, emoji=False, highlight=False)
     try:

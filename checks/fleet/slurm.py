@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import cliutil
 from . import load
 
 DEFAULT_PREFIX = "NODECERT"
@@ -198,11 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     if not args.prefix or ":" in args.prefix:
         print("error: --prefix must be non-empty and without ':'", file=sys.stderr)
         return EXIT_USAGE
