@@ -136,3 +136,18 @@ def test_module_entry_point_runs_as_a_process(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "shm-size" in proc.stdout and "FAIL" in proc.stdout
     assert "--shm-size" in proc.stdout  # the remedy is printed
+
+
+def test_single_host_html_and_prometheus(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    html, prom = tmp_path / "host.html", tmp_path / "host.prom"
+    code = cli.main(["--simulate", "fault-ecc-uncorrectable", "--level", "quick", "--no-json", "-q",
+                     "--html", str(html), "--prometheus", str(prom)])
+    assert code == 1
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "ecc-errors" in page and "<script src" not in page
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    statuses = [s for s in families["nodecert_check_status"].samples
+                if s.labels.get("check") == "ecc-errors" and s.labels.get("status") == "FAIL"]
+    assert statuses and statuses[0].labels.get("gpu") == "2"
