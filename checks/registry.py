@@ -31,6 +31,7 @@ class Check:
     tags: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     timeout_s: float = 60.0
+    seq: int = 0  # registration order, the last tie-breaker of `ordered`
 
     @property
     def doc(self) -> str:
@@ -58,7 +59,8 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
         if any(c.code == code for c in REGISTRY.values()):
             raise ValueError(f"fault code {code} registered twice")
         REGISTRY[id] = Check(id=id, code=code, title=title, func=func, level=level, stage=stage,
-                             tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s)
+                             tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s,
+                             seq=len(REGISTRY))
         return func
 
     return register
@@ -74,7 +76,10 @@ def load_all() -> dict[str, Check]:
 
 def ordered(checks: Iterable[Check]) -> list[Check]:
     """Stage order, then registration order; a check always comes after what it needs."""
-    pool = sorted(checks, key=lambda c: STAGES.index(c.stage))
+    # Independent of import order (tests import single suite modules first): stage, then
+    # module, then position in the module, then registration order.
+    pool = sorted(checks, key=lambda c: (STAGES.index(c.stage), c.func.__module__,
+                                         c.func.__code__.co_firstlineno, c.seq))
     placed: list[Check] = []
     ids = {c.id for c in pool}
     done: set[str] = set()
