@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,24 @@ class StepTimer:
     def samples_per_s(self, batch: int) -> float:
         timed = self.steps - self.warmup
         return batch * timed / self.elapsed if timed > 0 and self.elapsed > 0 else float("nan")
+
+
+def training_steps(env: DistEnv, loader: Iterable[Any], sampler: Any, timer: StepTimer,
+                   steps: int, beats_at: Any, name: str, set_epoch: bool = True) -> Iterator[Any]:
+    """Batches for `steps` steps across epochs: `sampler.set_epoch` each epoch (unless a negative
+    control turns it off), the timer ticked and a heartbeat sent (when `beats_at(step)`) before
+    each step, the timer stopped after the last."""
+    step, epoch = 0, 0
+    while step < steps:
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        for batch in loader:
+            if step == steps:
+                break
+            timer.tick()
+            if beats_at(step):
+                env.beat(f"{name}/step-{step}")
+            yield batch
+            step += 1
+        epoch += 1
+    timer.stop()

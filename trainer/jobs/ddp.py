@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..config import TrainConfig
 from ..data import TeacherDataset, dataset_size, global_batches
-from ..distenv import DistEnv, StepTimer
+from ..distenv import DistEnv, StepTimer, training_steps
 from ..models import mlp, params_of, unwrap_names
 from ..report import JobReport, compare, identical, throughput
 
@@ -56,25 +56,14 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
 
     timer = StepTimer(cfg.warmup, env.device)
     losses: list[float] = []
-    step, epoch = 0, 0
-    while step < cfg.steps:
-        if not cfg.control("no-set-epoch"):
-            sampler.set_epoch(epoch)
-        for x, y in loader:
-            if step == cfg.steps:
-                break
-            timer.tick()
-            if cfg.beats_at(step):
-                env.beat(f"{NAME}/step-{step}")
-            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-            step += 1
-        epoch += 1
-    timer.stop()
+    for x, y in training_steps(env, loader, sampler, timer, cfg.steps, cfg.beats_at, NAME,
+                               set_epoch=not cfg.control("no-set-epoch")):
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
     final = unwrap_names(params_of(ddp))
     losses_f = [float(v) for v in losses]
     env.beat(f"{NAME}/gather")
@@ -95,7 +84,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     figures = {"ddp_samples_per_s": rate, "ddp_reference_samples_per_s": ref_rate,
                "ddp_scaling_efficiency": rate / (world * ref_rate), "ddp_world_size": world}
     details = {"world_size": world, "dataset_size": n, "global_batch": b * world,
-               "epochs": epoch, "loss_first": losses_f[0], "loss_last": losses_f[-1],
+               "epochs": -(-cfg.steps // len(loader)), "loss_first": losses_f[0], "loss_last": losses_f[-1],
                "tolerances": {"rtol": rtol, "atol": atol}, "dtype": cfg.dtype,
                "backend": env.backend}
     return JobReport.judge(NAME, comparisons,

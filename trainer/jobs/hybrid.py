@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..config import TrainConfig
 from ..data import TeacherDataset, dataset_size, global_batches
-from ..distenv import DistEnv, StepTimer
+from ..distenv import DistEnv, StepTimer, training_steps
 from ..models import D_IN, D_OUT, mlp_blocks, params_of, unwrap_names
 from ..report import JobReport, compare, identical
 from .pipeline import static_stage
@@ -85,24 +85,13 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
 
     timer = StepTimer(cfg.warmup, env.device)
-    step, epoch = 0, 0
-    while step < cfg.steps:
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            if step == cfg.steps:
-                break
-            timer.tick()
-            if cfg.beats_at(step):
-                env.beat(f"{NAME}/step-{step}")
-            opt.zero_grad(set_to_none=True)
-            if index == 0:
-                schedule.step(x.to(env.device))
-            else:
-                schedule.step(target=y.to(env.device))
-            opt.step()
-            step += 1
-        epoch += 1
-    timer.stop()
+    for x, y in training_steps(env, loader, sampler, timer, cfg.steps, cfg.beats_at, NAME):
+        opt.zero_grad(set_to_none=True)
+        if index == 0:
+            schedule.step(x.to(env.device))
+        else:
+            schedule.step(target=y.to(env.device))
+        opt.step()
     env.beat(f"{NAME}/gather")
     gathered = env.gather({"params": unwrap_names(params_of(ddp)),
                            "samples_per_s": timer.samples_per_s(batch * replicas)})
@@ -129,7 +118,8 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
                "hybrid_scaling_efficiency": rate / (world * ref_rate)}
     details: dict[str, Any] = {
         "stages": STAGES, "replicas": replicas, "micro_batches": micro_batches,
-        "global_batch": batch * replicas, "schedule": "1F1B", "epochs": epoch,
+        "global_batch": batch * replicas, "schedule": "1F1B",
+        "epochs": -(-cfg.steps // len(loader)),
         "ddp": "static_graph=True, inferred stage shapes (negative control)" if silent
         else "defaults, static stage shapes", "tolerances": {"rtol": rtol, "atol": atol}}
     return JobReport.judge(NAME, comparisons,
