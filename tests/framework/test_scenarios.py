@@ -119,3 +119,18 @@ def test_cuda_visible_devices_limits_torch_view(run_cli, tmp_path) -> None:
     (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
     assert chk["status"] == "PASS" and chk["results"][0]["value"] == 2
     assert "CUDA_VISIBLE_DEVICES=0,3" in chk["results"][0]["message"]
+
+
+def test_a_query_that_fails_is_error_on_that_gpu_never_pass(run_cli, tmp_path) -> None:
+    scenario = tmp_path / "unreadable.yaml"
+    scenario.write_text(
+        "extends: h100-sxm-8x-healthy\n"
+        "gpu_overrides:\n  3: {ecc_volatile_uncorrected: {error: Unknown Error}}\n"
+        "host:\n  kernel_log: {error: 'dmesg: Operation not permitted'}\n")
+    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
+    assert code == 1
+    assert problems(report) == {"ecc-errors": "ERROR", "xid-events": "ERROR"}
+    (ecc,) = [c for c in report["checks"] if c["id"] == "ecc-errors"]
+    errors = [r for r in ecc["results"] if r["status"] == "ERROR"]
+    assert [r["device"]["index"] for r in errors] == [3]
+    assert errors[0]["fault_code"] == "GPU002-E"
