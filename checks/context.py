@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .hw.base import Backend, GpuHandle, HardwareError, PciDevice
+from .hw.base import Backend, GpuHandle, GpuLost, HardwareError, PciDevice
 from .model import CheckOutcome, Device
 from .profiles import Profile
 
@@ -30,6 +30,20 @@ class Gpu:
 
     handle: GpuHandle
     device: Device
+    # NVML answered GPU_IS_LOST for this index: every query raises GpuLost, and `device.pci`
+    # is the sysfs address no answering GPU claimed.
+    lost: bool = False
+
+
+class LostGpuHandle(GpuHandle):
+    """Stands for an index whose handle NVML refused with GPU_IS_LOST."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        self.reason = reason
+
+    def query(self, field_name: str) -> Any:
+        raise GpuLost(self.reason)
 
 
 class Context:
@@ -60,12 +74,35 @@ class Context:
     def gpus(self) -> list[Gpu]:
         """NVML-visible GPUs. Raises NvmlUnavailable (checks needing it depend on driver-loaded)."""
         nvml = self.hw.nvml()
-        gpus = []
+        gpus: list[Gpu] = []
         for index in range(nvml.device_count()):
-            handle = nvml.gpu(index)
+            try:
+                handle = nvml.gpu(index)
+            except GpuLost as exc:
+                gpus.append(Gpu(LostGpuHandle(index, str(exc)), Device(index=index), lost=True))
+                continue
             gpus.append(Gpu(handle, Device(index=index, pci=_try(handle, "pci_bus_id"),
-                                            uuid=_try(handle, "uuid"), name=_try(handle, "name"))))
+                                            uuid=_try(handle, "uuid"), name=_try(handle, "name"),
+                                            serial=_try(handle, "serial"))))
+        self._place_lost(gpus)
         return gpus
+
+    def _place_lost(self, gpus: list[Gpu]) -> None:
+        """Give each lost GPU the PCI address of a bus GPU that no answering GPU claimed.
+
+        NVML numbers GPUs in PCI bus order, so the unclaimed addresses, in order, belong to the
+        lost indices, in order."""
+        lost = [g for g in gpus if g.lost]
+        if not lost:
+            return
+        try:
+            bus = [d.address for d in self.pci_gpus]
+        except HardwareError:
+            return
+        claimed = {g.device.pci for g in gpus if not g.lost}
+        unclaimed = [a for a in bus if a not in claimed]
+        for gpu, address in zip(lost, unclaimed, strict=False):
+            gpu.device = Device(index=gpu.device.index, pci=address)
 
     def pci_device(self, address: str | None) -> PciDevice | None:
         return next((d for d in self.pci if d.address == address), None)

@@ -39,6 +39,7 @@ class Device:
     pci: str | None = None
     uuid: str | None = None
     name: str | None = None
+    serial: str | None = None  # board serial: what an RMA asks for
 
     def label(self) -> str:
         parts = []

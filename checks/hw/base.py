@@ -50,6 +50,10 @@ class PciDevice:
     max_link_speed: str | None = None
     current_link_width: int | None = None
     max_link_width: int | None = None
+    # Upstream bridges from the root port down to (not including) this device, as the sysfs
+    # path /sys/devices/pci0000:00/<root port>/<switch up>/<switch down>/<device> lists them.
+    # Two devices behind one PCIe switch share a bridge below the root port.
+    pci_path: tuple[str, ...] = ()
 
     @property
     def base_class(self) -> int:
@@ -96,6 +100,18 @@ GPU_FIELDS = (
     "clock_event_reasons", "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c",
     "power_w", "power_limit_w", "power_default_limit_w", "nvlink", "mig_mode", "sm_clock_mhz",
     "sm_clock_max_mhz", "utilization_gpu",
+    # ECC counts by location where NVML gives them (Ampere+):
+    #   {"sram": {"volatile_uncorrected": n, "volatile_corrected": n, "aggregate_uncorrected": n,
+    #             "aggregate_corrected": n}, "dram": {...}}
+    "ecc_by_location",
+    # GPU fabric registration (NVSwitch / NVLink domain), nvmlDeviceGetGpuFabricInfo[V]:
+    #   {"state": "not_supported"|"not_started"|"in_progress"|"completed",
+    #    "status": "success" or the NVML error name, "cluster_uuid": str, "clique_id": int}
+    "fabric_info",
+    # "default" | "exclusive_process" | "prohibited" (nvmlDeviceGetComputeMode)
+    "compute_mode",
+    # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber): which device node a container must be given
+    "minor_number",
 )
 
 
@@ -181,6 +197,22 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def torch(self) -> TorchInfo: ...
+
+    def virtualization(self) -> str | None:
+        """Hypervisor the host runs under ('kvm', 'microsoft', 'amazon', ...), None on bare metal."""
+        return None
+
+    def container(self) -> str | None:
+        """Container runtime this process runs in ('docker', 'podman', 'kubernetes', ...), or None."""
+        return None
+
+    def gpu_device_nodes(self) -> set[int] | None:
+        """Minor numbers N of the /dev/nvidiaN nodes present, None when /dev cannot be listed."""
+        return None
+
+    def fabric_manager_version(self) -> str | None:
+        """Version of the installed Fabric Manager (nv-fabricmanager), None when not installed."""
+        return None
 
     @abc.abstractmethod
     def environ(self) -> Mapping[str, str]: ...

@@ -33,10 +33,11 @@ SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
             "nvswitches", "torch", "measurements"}
 HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
-             "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env"}
+             "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env",
+             "virtualization", "container", "device_nodes", "fabric_manager_version"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
-GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link"}
+GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
 TORCH_KEYS = {"version", "cuda", "cuda_available", "device_count", "arch_list", "nccl", "cudnn",
               "error"}
 NVML_KINDS = {"ok", "library_missing", "driver_not_loaded", "bindings_missing", "init_failed",
@@ -206,6 +207,10 @@ class FixtureNvml(Nvml):
     def gpu(self, index: int) -> GpuHandle:
         if not 0 <= index < len(self._gpus):
             raise HardwareError(f"invalid GPU index {index}")
+        if self._gpus[index].get("lost"):
+            # What a real driver does: nvmlDeviceGetHandleByIndex answers GPU_IS_LOST for this
+            # index while the other GPUs still answer.
+            raise GpuLost(f"GPU {index}: GPU is lost (scenario)")
         return FixtureGpu(index, self._gpus[index])
 
 
@@ -239,7 +244,8 @@ class FixtureBackend(Backend):
                 class_code=0x030200, driver="nvidia" if self._nvml_kind() == "ok" else None,
                 numa_node=gpu.get("numa_node"), current_link_speed=link.get("speed"),
                 max_link_speed=link.get("max_speed"), current_link_width=link.get("width"),
-                max_link_width=link.get("max_width")))
+                max_link_width=link.get("max_width"),
+                pci_path=tuple(str(b) for b in gpu.get("pci_path") or ())))
         for address in self.scenario.get("nvswitches") or []:
             devices.append(PciDevice(address=address, vendor=0x10DE, device=NVSWITCH_DEVICE_ID,
                                      class_code=0x068000, driver="nvidia-nvswitch"))
@@ -298,7 +304,28 @@ class FixtureBackend(Backend):
         return {int(k): int(v) for k, v in nodes.items()}
 
     def service_state(self, unit: str) -> str:
-        return str((self._host.get("services") or {}).get(unit, "inactive"))
+        # A container has no systemd to ask: every unit is 'unknown' there unless listed.
+        default = "unknown" if self._host.get("container") else "inactive"
+        return str((self._host.get("services") or {}).get(unit, default))
+
+    def virtualization(self) -> str | None:
+        return self._host.get("virtualization")
+
+    def container(self) -> str | None:
+        return self._host.get("container")
+
+    def gpu_device_nodes(self) -> set[int] | None:
+        nodes = self._host.get("device_nodes")
+        if nodes is not None:
+            return {int(n) for n in nodes}
+        if self._nvml_kind() != "ok" and "nvidia" not in self.loaded_modules():
+            return set()
+        # Default: one node per GPU the driver probed (its index among the GPUs on the bus).
+        return {int(g.get("minor_number", i)) for i, g in enumerate(self._gpus)
+                if g.get("on_pci", True)}
+
+    def fabric_manager_version(self) -> str | None:
+        return self._host.get("fabric_manager_version")
 
     def torch(self) -> TorchInfo:
         spec = dict(self.scenario.get("torch") or {})
