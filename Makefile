@@ -14,7 +14,7 @@ RUN_DEPS := $(VENV)/.stamp-run
 DEV_DEPS := $(VENV)/.stamp-dev
 endif
 
-.PHONY: venv verify test lint provision inventory-exists bench clean
+.PHONY: venv verify test system-deps lint provision inventory-exists bench clean
 
 $(VENV)/.stamp-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_PIN) -e .
@@ -34,7 +34,12 @@ verify: $(DEV_DEPS)
 	$(VENV)/bin/ansible-playbook -i "$(INVENTORY)" playbooks/verify.yml -e verify_level=$(LEVEL) $(ARGS)
 endif
 
-test: $(DEV_DEPS)
+# System packages the tests need (debootstrap, gpg, ...): installed when root or passwordless
+# sudo allows it, else one line with the command to run.
+system-deps:
+	@bash .ci/system-deps.sh
+
+test: system-deps $(DEV_DEPS)
 	$(PY) -m pytest $(ARGS)
 
 lint: $(DEV_DEPS)
