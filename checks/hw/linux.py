@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -17,6 +18,15 @@ from .torchview import read_torch
 
 SYS_PCI = Path("/sys/bus/pci/devices")
 EFI_VARS = Path("/sys/firmware/efi/efivars")
+DMI = Path("/sys/class/dmi/id")
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,5}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# DMI sys_vendor / product_name of common hypervisors -> the name systemd-detect-virt uses.
+DMI_HYPERVISORS = (("Microsoft Corporation", "microsoft"), ("Amazon EC2", "amazon"),
+                   ("Google", "google"), ("QEMU", "qemu"), ("KVM", "kvm"),
+                   ("VMware", "vmware"), ("Xen", "xen"), ("OpenStack", "kvm"),
+                   ("Oracle Corporation", "oracle"))
+# Files a container runtime leaves at the root of the container's file system.
+CONTAINER_MARKERS = ((Path("/.dockerenv"), "docker"), (Path("/run/.containerenv"), "podman"))
 # SecureBoot-<EFI global variable GUID>: 4 attribute bytes, then 1 data byte.
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -55,6 +65,7 @@ class LinuxBackend(Backend):
             driver = entry / "driver"
             devices.append(PciDevice(
                 address=entry.name,
+                pci_path=_pci_path(entry),
                 vendor=vendor,
                 device=device,
                 class_code=klass,
@@ -148,6 +159,60 @@ class LinuxBackend(Backend):
                               capture_output=True, text=True, timeout=10, check=False)
         return proc.stdout.strip() or "unknown"
 
+    def virtualization(self) -> str | None:
+        answer = _detect_virt("--vm")
+        if answer is not None:
+            return answer or None
+        # No systemd-detect-virt (minimal images): the CPU's hypervisor flag and DMI vendor.
+        cpuinfo = _read(Path("/proc/cpuinfo")) or ""
+        if not re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.MULTILINE):
+            return None
+        vendor = " ".join(filter(None, (_read(DMI / "sys_vendor"), _read(DMI / "product_name"))))
+        return next((name for key, name in DMI_HYPERVISORS if key in vendor), "unknown")
+
+    def container(self) -> str | None:
+        answer = _detect_virt("--container")
+        if answer:
+            return answer
+        for marker, name in CONTAINER_MARKERS:
+            if marker.exists():
+                return name
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return "kubernetes"
+        env_marker = os.environ.get("container")  # systemd's convention for container managers
+        if env_marker:
+            return env_marker
+        cgroup = _read(Path("/proc/1/cgroup")) or ""
+        for key, name in (("kubepods", "kubernetes"), ("docker", "docker"),
+                          ("containerd", "containerd"), ("libpod", "podman")):
+            if key in cgroup:
+                return name
+        return None
+
+    def gpu_device_nodes(self) -> set[int] | None:
+        try:
+            names = os.listdir("/dev")
+        except OSError:
+            return None
+        return {int(n[6:]) for n in names if re.fullmatch(r"nvidia\d+", n)}
+
+    def fabric_manager_version(self) -> str | None:
+        binary = shutil.which("nv-fabricmanager") or (
+            "/usr/bin/nv-fabricmanager" if Path("/usr/bin/nv-fabricmanager").exists() else None)
+        if binary is None:
+            return None
+        try:
+            proc = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                  timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise HardwareError(f"nv-fabricmanager --version: {exc}") from exc
+        # "Fabric Manager version is : 550.90.07"
+        match = re.search(r"(\d{3,}\.\d+(?:\.\d+)?)", proc.stdout + proc.stderr)
+        if match is None:
+            raise HardwareError(f"cannot parse the Fabric Manager version from "
+                                f"{(proc.stdout + proc.stderr).strip()[:80]!r}")
+        return match.group(1)
+
     def torch(self) -> TorchInfo:
         if self._torch is None:
             self._torch = read_torch()
@@ -161,6 +226,29 @@ class LinuxBackend(Backend):
         from ..workloads import local  # torch is imported only when a workload check runs
 
         return local.run(self, name, **params)
+
+
+def _pci_path(entry: Path) -> tuple[str, ...]:
+    """Bridges above a device: /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0
+    gives ("0000:00:01.0", "0000:01:00.0") for device 0000:02:00.0."""
+    try:
+        parts = entry.resolve().parts
+    except OSError:
+        return ()
+    return tuple(p for p in parts[:-1] if PCI_ADDRESS.match(p))
+
+
+def _detect_virt(flag: str) -> str | None:
+    """systemd-detect-virt's answer: a name, '' for none, None when the tool is missing."""
+    if shutil.which("systemd-detect-virt") is None:
+        return None
+    try:
+        proc = subprocess.run(["systemd-detect-virt", flag], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    answer = proc.stdout.strip()
+    return "" if answer in ("", "none") else answer
 
 
 def _count_cpulist(text: str) -> int:

@@ -11,7 +11,8 @@ REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_m
             "ecc.aggregate_corrected_warn", "retired_pages.max", "row_remap.uncorrectable_warn",
             "xid.hardware", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
             "power.min_limit_fraction", "nvlink.error_warn", "straggler_pct"]
-MODELS = ["h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l40s", "l4", "a10"]
+MODELS = ["h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "a100-40gb", "a100-80gb",
+          "a100-pcie-40gb", "a100-pcie-80gb", "l40s", "l4", "a10"]
 
 
 def test_required_models_ship() -> None:
@@ -32,16 +33,36 @@ def test_profile_has_every_threshold(name: str) -> None:
     ([0x2330] * 8, [], "h100-sxm"),
     ([0x2331], [], "h100-pcie"),
     ([0x2335], [], "h200"),
+    ([0x233B], [], "h200-nvl"),
+    ([0x2321], [], "h100-nvl"),
     ([0x20B2], [], "a100-80gb"),
     ([0x20B0], [], "a100-40gb"),
+    ([0x20F1], [], "a100-pcie-40gb"),
+    ([0x20B5], [], "a100-pcie-80gb"),
     ([0x26B9], [], "l40s"),
     ([0x27B8], [], "l4"),
     ([0x2236], [], "a10"),
     ([], ["NVIDIA H100 80GB HBM3"], "h100-sxm"),
     ([], ["NVIDIA A10"], "a10"),
+    # NVML names of the PCIe parts contain the SXM part's name: matching is anchored.
+    ([], ["NVIDIA H200"], "h200"),
+    ([], ["NVIDIA H200 NVL"], "h200-nvl"),
+    ([], ["NVIDIA H100 NVL"], "h100-nvl"),
+    ([], ["NVIDIA H100 PCIe"], "h100-pcie"),
+    ([], ["NVIDIA A100-PCIE-40GB"], "a100-pcie-40gb"),
+    ([], ["NVIDIA A100 80GB PCIe"], "a100-pcie-80gb"),
+    ([], ["NVIDIA A100-SXM4-80GB"], "a100-80gb"),
+    ([], ["NVIDIA A10G"], "generic"),
 ])
 def test_detection(device_id: list[int], names: list[str], expected: str) -> None:
     assert profiles.detect(device_id, names).name == expected
+
+
+@pytest.mark.parametrize("name", [n for n in profiles.available() if n != "generic"])
+def test_name_patterns_are_anchored(name: str) -> None:
+    """An unanchored pattern lets one model's name claim another's ('H200' in 'H200 NVL')."""
+    for pattern in profiles.load(name).get("match.names") or []:
+        assert pattern.startswith("^") and pattern.endswith("$"), f"{name}: {pattern!r}"
 
 
 def test_unknown_model_falls_back_to_generic_and_says_so() -> None:
