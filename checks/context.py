@@ -24,6 +24,32 @@ class Options:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CudaVisible:
+    """What CUDA_VISIBLE_DEVICES lets CUDA (and so torch) use on this host.
+
+    CUDA reads the list up to the first entry it cannot resolve and ignores the rest; Slurm sets
+    `NoDevFiles` for a job without GPUs, and an empty value or `-1` hides every GPU. MIG UUIDs
+    select MIG instances, of which one process enumerates only the first."""
+
+    raw: str | None
+    indices: tuple[int, ...] | None  # NVML indices selected; None when the variable is unset
+    mig: tuple[str, ...] = ()
+
+    @property
+    def hides_all(self) -> bool:
+        return self.raw is not None and not self.indices and not self.mig
+
+    def count(self, nvml_count: int) -> int:
+        """GPUs torch should enumerate."""
+        if self.indices is None:
+            return nvml_count
+        return len(self.indices) + (1 if self.mig else 0)
+
+    def note(self) -> str:
+        return "" if self.raw is None else f" (CUDA_VISIBLE_DEVICES={self.raw!r})"
+
+
 @dataclass
 class Gpu:
     """One NVML-visible GPU with its identity read once."""
@@ -103,6 +129,40 @@ class Context:
         unclaimed = [a for a in bus if a not in claimed]
         for gpu, address in zip(lost, unclaimed, strict=False):
             gpu.device = Device(index=gpu.device.index, pci=address)
+
+    def cuda_visible(self) -> CudaVisible:
+        raw = self.hw.environ().get("CUDA_VISIBLE_DEVICES")
+        if raw is None:
+            return CudaVisible(None, None)
+        try:
+            gpus = self.gpus
+        except HardwareError:
+            gpus = []
+        uuids = [g.device.uuid or "" for g in gpus]
+        picked: list[int] = []
+        mig: list[str] = []
+        for token in (t.strip() for t in raw.split(",")):
+            if token.startswith("MIG-"):
+                mig.append(token)
+            elif token.startswith("GPU-"):
+                match = [i for i, u in enumerate(uuids) if u.startswith(token)]
+                if not match:
+                    break
+                picked.append(match[0])
+            elif token.isdigit() and int(token) < len(gpus):
+                picked.append(int(token))
+            else:
+                break  # CUDA ignores everything from the first invalid entry on
+        return CudaVisible(raw, tuple(picked), tuple(mig))
+
+    def usable_gpu_count(self) -> int:
+        """GPUs this process may train on: given to it (NVML in a container lists only those)
+        and not hidden by CUDA_VISIBLE_DEVICES. Without a driver: the GPUs on the bus."""
+        try:
+            answering = [g for g in self.gpus if not g.lost]
+        except HardwareError:
+            return len(self.pci_gpus)
+        return self.cuda_visible().count(len(answering))
 
     def pci_device(self, address: str | None) -> PciDevice | None:
         return next((d for d in self.pci if d.address == address), None)

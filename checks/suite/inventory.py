@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from ..context import Context
 from ..hw.base import HardwareError, NvmlUnavailable
@@ -13,26 +14,6 @@ from ..registry import check
 NO_GPU = "no NVIDIA device on the PCI bus"
 REMEDY_DRIVER = ("install the NVIDIA driver (`make provision`), then reboot so the kernel module "
                  "loads; check `dmesg | grep -i nvrm` for load errors")
-
-
-def _visible_indices(ctx: Context, nvml_count: int) -> list[int] | None:
-    """GPU indices CUDA_VISIBLE_DEVICES lets torch see; None when unset."""
-    cvd = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return None
-    picked: list[int] = []
-    for token in filter(None, (t.strip() for t in cvd.split(","))):
-        if token.startswith(("GPU-", "MIG-")):
-            uuids = [g.device.uuid for g in ctx.gpus]
-            match = [i for i, u in enumerate(uuids) if u and u.startswith(token)]
-            if not match:
-                break
-            picked.append(match[0])
-        elif token.isdigit() and int(token) < nvml_count:
-            picked.append(int(token))
-        else:
-            break  # CUDA ignores everything from the first invalid entry on
-    return picked
 
 
 @check("pci-gpus", code="INV001", title="NVIDIA GPUs on the PCI bus", stage="inventory")
@@ -94,46 +75,119 @@ def gpu_profile(ctx: Context) -> Result:
                   value=profile.name)
 
 
+REMEDY_LOST = ("the GPU stopped answering (fell off the bus): drain the node, look for XID 79 "
+               "on this address in the kernel log, reset the GPU (nvidia-smi -r) or reboot; if it "
+               "recurs, reseat or RMA it (quote its serial)")
+REMEDY_HIDDEN = ("in a Slurm job request GPUs (--gres=gpu:N or --gpus=N); elsewhere unset "
+                 "CUDA_VISIBLE_DEVICES or list the GPUs to verify")
+
+
 @check("gpu-count", code="INV004", title="every GPU on the PCI bus is seen by NVML and torch",
        stage="inventory", needs=("driver-loaded",))
 def gpu_count(ctx: Context) -> Iterator[Result]:
-    """--expect-gpus vs PCI count vs NVML count vs torch.cuda.device_count()
-    (CUDA_VISIBLE_DEVICES applied). A GPU on the bus but missing from NVML is named by its PCI
-    address."""
-    pci = {d.address for d in ctx.pci_gpus}
+    """Counts the GPUs on the PCI bus, in NVML and in torch (CUDA_VISIBLE_DEVICES applied)
+    against --expect-gpus and the platform (an NVSwitch baseboard holds profile gpus_per_node).
+    A GPU NVML reports lost, or one on the bus NVML does not list, is named by its PCI address;
+    in a container GPUs that were not given to it (no /dev/nvidiaN) are not faults."""
+    pci = [d.address for d in ctx.pci_gpus]
+    gpus = ctx.gpus
+    lost = [g for g in gpus if g.lost]
+    answering = [g for g in gpus if not g.lost]
+    seen = {g.device.pci for g in gpus}
+    missing = [a for a in pci if a not in seen]
+    nodes = ctx.hw.gpu_device_nodes()
+    container = ctx.hw.container()
+    values: dict[str, Any] = {"pci": len(pci), "nvml": len(answering), "lost": len(lost)}
+    problems = False
+
+    for gpu in lost:
+        problems = True
+        yield fail(f"GPU {gpu.device.index} at {gpu.device.pci or 'an unknown address'} is lost: "
+                   "NVML answers GPU_IS_LOST (fell off the bus)", value="lost",
+                   expected="answers", device=gpu.device, remedy=REMEDY_LOST, details=values)
+
+    not_given: list[str] = []
+    if missing and container is not None and nodes is not None:
+        # A container sees every GPU in sysfs but only the device nodes it was given; GPUs
+        # given to it but absent from NVML are the ones beyond the answering count.
+        broken = max(0, len(nodes) - len(gpus))
+        not_given = missing[: len(missing) - broken] if broken < len(missing) else []
+        if broken:
+            problems = True
+            yield fail(f"{broken} GPU(s) given to this {container} container (/dev/nvidia* "
+                       f"nodes {sorted(nodes)}) do not answer NVML", value=len(gpus),
+                       expected=str(len(nodes)), remedy=REMEDY_LOST, details=values)
+    else:
+        for address in missing:
+            problems = True
+            yield fail(f"GPU {address} is on the PCI bus but NVML does not list it (fell off the "
+                       "bus or failed to initialise)", value=len(gpus), expected=str(len(pci)),
+                       remedy=REMEDY_LOST, details=values, device=Device(pci=address))
+    if not_given:
+        values["not_given"] = not_given
+
+    platform = ctx.profile.get("gpus_per_node")
+    if ctx.nvswitches and platform and len(pci) < int(platform):
+        problems = True
+        yield fail(f"{len(pci)} GPU(s) on the PCI bus of a baseboard with {len(ctx.nvswitches)} "
+                   f"NVSwitch(es); this platform ({ctx.profile.name}) holds {platform}",
+                   value=len(pci), expected=str(platform), details=values,
+                   remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
+                          "power and BIOS PCIe settings, or RMA the baseboard/GPU")
+
+    visible = ctx.cuda_visible()
+    want = visible.count(len(answering))
+    note = visible.note()
+    values["cuda_visible"] = want
     expect = ctx.options.expect_gpus
     if expect is not None and len(pci) != expect:
+        problems = True
         yield fail(f"{len(pci)} GPU(s) on the PCI bus, expected {expect}", value=len(pci),
                    expected=str(expect),
                    remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
                           "power cables and BIOS PCIe settings, or RMA")
-    nvml_gpus = ctx.gpus
-    seen = {g.device.pci for g in nvml_gpus}
-    missing = sorted(pci - seen)
-    values = {"pci": len(pci), "nvml": len(nvml_gpus)}
-    for address in missing:
-        yield fail(f"GPU {address} is on the PCI bus but NVML does not list it (fell off the bus "
-                   "or failed to initialise)", value=len(nvml_gpus), expected=str(len(pci)),
-                   remedy="check the kernel log for XIDs on this address (79: fell off the bus), "
-                          "reset the GPU (nvidia-smi -r) or reboot; if it recurs, RMA",
-                   details=values, device=Device(pci=address))
+    elif expect is not None and want < expect:
+        problems = True
+        yield fail(f"only {want} of the {expect} expected GPUs are usable here{note}"
+                   + (f"; this {container} container was given {len(gpus)}" if not_given else ""),
+                   value=want, expected=str(expect), details=values,
+                   remedy=REMEDY_HIDDEN if visible.raw is not None else
+                   "give the container every GPU (--gpus all, or the pod's nvidia.com/gpu limit)")
+
     torch = ctx.hw.torch()
     values["torch"] = torch.device_count
-    visible = _visible_indices(ctx, len(nvml_gpus))
-    want = len(nvml_gpus) if visible is None else len(visible)
-    note = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={ctx.hw.environ()['CUDA_VISIBLE_DEVICES']})"
-    if torch.error:
+    if visible.hides_all and answering:
+        problems = True
+        yield fail(f"CUDA_VISIBLE_DEVICES={visible.raw!r} hides all {len(answering)} GPU(s): "
+                   "torch would train on the CPU", value=visible.raw, expected="GPUs visible",
+                   details=values, remedy=REMEDY_HIDDEN)
+    elif torch.error:
+        problems = True
         yield fail(f"torch cannot use CUDA: {torch.error}", details=values,
                    remedy="match torch's CUDA build to the driver (see cuda-compat)")
     elif torch.device_count != want:
-        yield fail(f"torch sees {torch.device_count} GPU(s), NVML {want}{note}",
-                   value=torch.device_count, expected=str(want), details=values,
+        problems = True
+        what = ("torch cannot use any of them: training would run on the CPU"
+                if torch.device_count == 0 else f"torch sees {torch.device_count}")
+        yield fail(f"{want} GPU(s) usable{note}, {what}", value=torch.device_count,
+                   expected=str(want), details=values,
                    remedy="install a CUDA build of torch that matches the driver; check "
                           "CUDA_VISIBLE_DEVICES and container --gpus settings")
-    if (not missing and not torch.error and torch.device_count == want
-            and (expect is None or len(pci) == expect)):
-        yield passed(f"{len(pci)} on PCI, {len(nvml_gpus)} in NVML, {torch.device_count} in "
-                     f"torch{note}", value=torch.device_count, expected=str(want), details=values)
+    if problems:
+        return
+    summary = f"{len(pci)} on PCI, {len(answering)} in NVML, {torch.device_count} in torch{note}"
+    if not_given:
+        summary += f"; {len(not_given)} on the bus not given to this {container} container"
+    if visible.mig:
+        yield warn(f"{summary}: MIG instance(s) {', '.join(visible.mig)} selected; a process "
+                   "uses only the first", value=torch.device_count, details=values,
+                   remedy="verify whole GPUs (MIG off) before accepting a node for training")
+    elif visible.raw is not None and want < len(answering):
+        yield warn(f"{summary}: only {want} of {len(answering)} GPU(s) are verified",
+                   value=torch.device_count, expected=str(len(answering)), details=values,
+                   remedy=REMEDY_HIDDEN)
+    else:
+        yield passed(summary, value=torch.device_count, expected=str(want), details=values)
 
 
 def _branch(version: str) -> int | None:

@@ -117,8 +117,27 @@ def test_cuda_visible_devices_limits_torch_view(run_cli, tmp_path) -> None:
     scenario.write_text("extends: h100-sxm-8x-healthy\nhost:\n  env: {CUDA_VISIBLE_DEVICES: '0,3'}\n")
     _, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
     (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
-    assert chk["status"] == "PASS" and chk["results"][0]["value"] == 2
-    assert "CUDA_VISIBLE_DEVICES=0,3" in chk["results"][0]["message"]
+    # A partial verification is not a plain PASS: the six hidden GPUs were not looked at.
+    assert chk["status"] == "WARN" and chk["results"][0]["value"] == 2
+    assert "CUDA_VISIBLE_DEVICES='0,3'" in chk["results"][0]["message"]
+    assert "only 2 of 8 GPU(s) are verified" in chk["results"][0]["message"]
+    _, report, _ = run_cli("--simulate", str(scenario), "--level", "quick", "--expect-gpus", "8")
+    (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
+    assert chk["status"] == "FAIL"
+    assert "only 2 of the 8 expected GPUs are usable" in chk["results"][0]["message"]
+
+
+@pytest.mark.parametrize("value", ["NoDevFiles", "", "-1"])
+def test_cuda_visible_devices_hiding_every_gpu_fails(run_cli, tmp_path, value: str) -> None:
+    """Slurm's NoDevFiles (a job without --gres), '' and -1 leave torch on the CPU."""
+    scenario = tmp_path / "hidden.yaml"
+    scenario.write_text("extends: h100-sxm-8x-healthy\n"
+                        f"host:\n  env: {{CUDA_VISIBLE_DEVICES: '{value}'}}\n"
+                        "torch: {device_count: 0}\n")
+    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == "gpu-count"]
+    assert code == 1 and chk["status"] == "FAIL"
+    assert "hides all 8 GPU(s): torch would train on the CPU" in chk["results"][0]["message"]
 
 
 def test_a_query_that_fails_is_error_on_that_gpu_never_pass(run_cli, tmp_path) -> None:
