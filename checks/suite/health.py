@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from ..context import Context, Gpu
 from ..hw.base import NotSupported
@@ -34,8 +35,11 @@ def persistence_mode(ctx: Context) -> Iterator[Result]:
 
 @check("ecc-errors", code="GPU002", title="ECC enabled, no uncorrectable errors", needs=DRIVER)
 def ecc_errors(ctx: Context) -> Iterator[Result]:
-    """Volatile (since boot) uncorrectable ECC errors fail; large correctable counts warn.
-    Thresholds: profile ecc.*."""
+    """Volatile (since boot) uncorrectable ECC errors fail. Where NVML splits counts by location
+    (Ampere+), correctable counts are judged per location (SRAM ecc.sram_corrected_warn, DRAM
+    ecc.dram_corrected_warn) and aggregate SRAM uncorrectable errors warn (they cannot be
+    remapped); otherwise volatile/aggregate totals are judged. The lifetime (aggregate)
+    uncorrectable count is always reported."""
     p = ctx.profile
 
     def measure(gpu: Gpu) -> Result:
@@ -48,22 +52,57 @@ def ecc_errors(ctx: Context) -> Iterator[Result]:
         vol_unc = int(q("ecc_volatile_uncorrected"))
         vol_cor = int(q("ecc_volatile_corrected"))
         agg_cor = int(q("ecc_aggregate_corrected"))
-        counts = {"volatile_uncorrected": vol_unc, "volatile_corrected": vol_cor,
-                  "aggregate_corrected": agg_cor}
+        counts: dict[str, Any] = {"volatile_uncorrected": vol_unc, "volatile_corrected": vol_cor,
+                                  "aggregate_corrected": agg_cor}
+        try:
+            agg_unc: int | None = int(q("ecc_aggregate_uncorrected"))
+            counts["aggregate_uncorrected"] = agg_unc
+        except NotSupported:
+            agg_unc = None
+        try:
+            by_location = dict(q("ecc_by_location"))
+            counts["by_location"] = by_location
+        except NotSupported:
+            by_location = {}
+        lifetime = "" if agg_unc is None else f", {agg_unc} uncorrectable lifetime"
         limit = int(p.require("ecc.volatile_uncorrected_max"))
         if vol_unc > limit:
-            return fail(f"{vol_unc} uncorrectable ECC error(s) since boot", value=vol_unc,
+            where = ", ".join(f"{loc.upper()} {c.get('volatile_uncorrected', 0)}"
+                              for loc, c in sorted(by_location.items())
+                              if c.get("volatile_uncorrected"))
+            return fail(f"{vol_unc} uncorrectable ECC error(s) since boot"
+                        + (f" ({where})" if where else "") + lifetime, value=vol_unc,
                         expected=f"<= {limit}", details=counts,
                         remedy="drain the node; reset the GPU (nvidia-smi -r) to trigger row "
                                "remapping, re-run; if errors return, " + REMEDY_RMA)
+        if by_location:
+            sram, dram = by_location.get("sram", {}), by_location.get("dram", {})
+            sram_warn = int(p.require("ecc.sram_corrected_warn"))
+            dram_warn = int(p.require("ecc.dram_corrected_warn"))
+            sram_cor = int(sram.get("aggregate_corrected", sram.get("volatile_corrected", 0)))
+            dram_cor = int(dram.get("aggregate_corrected", dram.get("volatile_corrected", 0)))
+            sram_unc = int(sram.get("aggregate_uncorrected", 0))
+            shown = f"SRAM {sram_cor} / DRAM {dram_cor} correctable{lifetime}"
+            if sram_unc > int(p.require("ecc.sram_uncorrected_warn")):
+                return warn(f"{sram_unc} uncorrectable SRAM error(s) over the GPU's life; "
+                            f"{shown}", value=sram_unc, details=counts,
+                            expected=f"SRAM uncorrectable <= {p.require('ecc.sram_uncorrected_warn')}",
+                            remedy="SRAM errors cannot be remapped: watch the count; " + REMEDY_RMA)
+            if sram_cor > sram_warn or dram_cor > dram_warn:
+                return warn(f"high correctable ECC counts: {shown}", value=max(sram_cor, dram_cor),
+                            expected=f"SRAM <= {sram_warn}, DRAM <= {dram_warn}", details=counts,
+                            remedy="watch the trend; plan an RMA if it keeps rising")
+            return passed(f"ECC on, 0 uncorrectable since boot; {shown}", value=vol_unc,
+                          expected=f"<= {limit} uncorrectable", details=counts)
         vol_warn, agg_warn = int(p.require("ecc.volatile_corrected_warn")), int(
             p.require("ecc.aggregate_corrected_warn"))
         if vol_cor > vol_warn or agg_cor > agg_warn:
-            return warn(f"high correctable ECC counts (volatile {vol_cor}, aggregate {agg_cor})",
-                        value=vol_cor, expected=f"volatile <= {vol_warn}, aggregate <= {agg_warn}",
+            return warn(f"high correctable ECC counts (volatile {vol_cor}, aggregate {agg_cor})"
+                        + lifetime, value=vol_cor,
+                        expected=f"volatile <= {vol_warn}, aggregate <= {agg_warn}",
                         details=counts, remedy="watch the trend; plan an RMA if it keeps rising")
-        return passed(f"ECC on, 0 uncorrectable, {vol_cor} correctable since boot", value=vol_unc,
-                      expected=f"<= {limit} uncorrectable", details=counts)
+        return passed(f"ECC on, 0 uncorrectable, {vol_cor} correctable since boot{lifetime}",
+                      value=vol_unc, expected=f"<= {limit} uncorrectable", details=counts)
 
     yield from each_gpu(ctx, measure)
 
@@ -177,6 +216,15 @@ def pcie_link(ctx: Context) -> Iterator[Result]:
                                "settings; persistent narrow links are a hardware fault")
         if gen_max < min_gen or (profile_gen and gen_max < int(profile_gen)):
             want = max(min_gen, int(profile_gen or 0))
+            virt = ctx.hw.virtualization()
+            if virt:
+                # Passed through to a VM, the generation NVML reports can be the virtual root
+                # port's, not the physical link's (real-nodes notes): not the GPU's fault.
+                return warn(f"PCIe max generation Gen{gen_max} as seen inside this {virt} VM, "
+                            f"expected Gen{want}: {shown}", value=gen_max, expected=f"Gen{want}",
+                            details=link,
+                            remedy="the virtual root port may cap what the guest sees; confirm "
+                                   "on the hypervisor or with a host-to-device bandwidth test")
             return fail(f"PCIe max generation Gen{gen_max}, expected Gen{want}: {shown}",
                         value=gen_max, expected=f"Gen{want}", details=link,
                         remedy="check BIOS PCIe speed settings and the riser/retimer")
@@ -282,60 +330,175 @@ def gpu_power(ctx: Context) -> Iterator[Result]:
 
 @check("nvlink", code="GPU010", title="NVLink links up and error counters low", needs=DRIVER)
 def nvlink(ctx: Context) -> Iterator[Result]:
-    """Links expected up (profile nvlink.links, else every link NVML lists) must be active;
-    replay/recovery/CRC counters above nvlink.error_warn warn."""
-    expected_links = ctx.profile.get("nvlink.links")
-    error_warn = int(ctx.profile.require("nvlink.error_warn"))
-    if expected_links == 0:
-        yield skip(f"profile {ctx.profile.name} has no NVLink")
+    """How many links must be up comes from what the node is: SXM parts (profile nvlink.links)
+    on a baseboard whose NVSwitches are on the bus, or whose links are in use, need all of
+    them; a lone SXM GPU passed through to a VM (no NVSwitch, no active link) has no NVLink
+    peer; a PCIe card with an NVLink bridge (profile nvlink.bridge_links) needs every bridge
+    link once any is up, and an unbridged card needs none. Replay/recovery/CRC counters above
+    nvlink.error_warn warn."""
+    p = ctx.profile
+    expected_links = p.get("nvlink.links")
+    bridge_links = p.get("nvlink.bridge_links")
+    error_warn = int(p.require("nvlink.error_warn"))
+    if expected_links == 0 and not bridge_links:
+        yield skip(f"profile {p.name} has no NVLink")
         return
+    switches = len(ctx.nvswitches)
+    peers = len([g for g in ctx.gpus if not g.lost])
+
+    def judge(links: list[dict[str, Any]]) -> tuple[int | None, str]:
+        """(links that must be up, why); None: no expectation for this GPU."""
+        active = sum(1 for lk in links if lk["active"])
+        if bridge_links:
+            if active == 0:
+                return None, "no NVLink bridge fitted (PCIe card, all links inactive)"
+            return int(bridge_links), f"NVLink bridge: {bridge_links} links per card"
+        if expected_links:
+            if switches or active:
+                return int(expected_links), (f"{switches} NVSwitch(es) on the bus" if switches
+                                             else "links in use")
+            if peers <= 1:
+                return None, ("one GPU and no NVSwitch on the PCI bus (a GPU passed through "
+                              "alone, e.g. a VM slice): NVLink has no peer")
+            return -1, ""
+        if active and active < len(links):
+            return -2, ""
+        return (active or None), "links in use" if active else "no link in use"
 
     def measure(gpu: Gpu) -> Result:
         try:
             links = gpu.handle.query("nvlink")
         except NotSupported:
-            if expected_links:
-                return fail(f"NVLink not supported/reported, {expected_links} links expected",
-                            value=0, expected=str(expected_links),
-                            remedy="check the driver and Fabric Manager; reboot")
-            raise
+            links = []
+        want, why = judge(links)
         active = [lk["link"] for lk in links if lk["active"]]
-        want = int(expected_links) if expected_links is not None else len(links)
-        down = [lk["link"] for lk in links if not lk["active"]][: max(0, want - len(active))]
+        if want is None:
+            return skip(why, value=len(active))
+        if want == -1:
+            return warn(f"{peers} SXM GPUs, no NVSwitch on the PCI bus and no NVLink active: "
+                        "GPU-to-GPU traffic goes over PCIe", value=0,
+                        expected=f"{expected_links} links",
+                        remedy="on bare metal: Fabric Manager, NVSwitch baseboard and driver; in "
+                               "a VM: the instance type may not include NVLink")
+        if want == -2:
+            return warn(f"{len(active)} of {len(links)} NVLink links active and profile "
+                        f"{p.name} does not say how many to expect", value=len(active),
+                        remedy="pass --profile for this model, or add one")
+        if not links:
+            return fail(f"NVLink not supported/reported, {want} links expected ({why})",
+                        value=0, expected=str(want),
+                        remedy="check the driver and Fabric Manager; reboot")
         if len(active) < want:
-            return fail(f"{len(active)} of {want} NVLink links up (down: "
+            down = [lk["link"] for lk in links if not lk["active"]][: want - len(active)]
+            return fail(f"{len(active)} of {want} NVLink links up ({why}; down: "
                         f"{', '.join(map(str, down)) or 'missing'})", value=len(active),
                         expected=str(want), details={"down": down},
-                        remedy="reset the GPU or reboot; a link that stays down is a baseboard "
-                               "or GPU fault: " + REMEDY_RMA)
+                        remedy="reset the GPU or reboot; a link that stays down is a baseboard, "
+                               "bridge or GPU fault: " + REMEDY_RMA)
         noisy = {lk["link"]: lk["errors"] for lk in links
                  if any(v > error_warn for v in lk["errors"].values())}
         if noisy:
             return warn(f"NVLink error counters above {error_warn} on links "
                         f"{', '.join(map(str, noisy))}", value=len(active), details=noisy,
                         remedy="watch the trend; rising replay/CRC counts mean a marginal link")
-        return passed(f"{len(active)}/{want} links up, counters low", value=len(active),
+        return passed(f"{len(active)}/{want} links up ({why}), counters low", value=len(active),
                       expected=str(want))
 
     yield from each_gpu(ctx, measure)
 
 
-@check("fabric-manager", code="GPU011", title="Fabric Manager running on NVSwitch systems",
+FABRIC_DONE = ("completed", "success")
+
+
+def _fabric(gpu: Gpu) -> dict[str, Any] | None:
+    try:
+        return dict(gpu.handle.query("fabric_info"))
+    except NotSupported:
+        return None
+
+
+@check("fabric-manager", code="GPU011", title="NVSwitch fabric: Fabric Manager and GPU registration",
        needs=DRIVER)
-def fabric_manager(ctx: Context) -> Result:
-    """NVSwitch systems need nvidia-fabricmanager (same version as the driver) active, or CUDA
-    fails with error 802. SKIP without NVSwitch."""
+def fabric_manager(ctx: Context) -> Iterator[Result]:
+    """On NVSwitch systems every GPU must have completed fabric registration (NVML
+    GpuFabricInfo), nvidia-fabricmanager must be active and of the driver's exact version, or
+    CUDA fails with error 802. Without NVSwitch on the bus it SKIPs, unless the driver reports a
+    fabric registration in progress (shared-NVSwitch VMs). A unit that cannot be asked (no
+    systemd in a container) is judged by the registration state alone."""
     switches = ctx.nvswitches
-    if not switches and not ctx.profile.get("nvswitch"):
-        return skip("no NVSwitch on the PCI bus")
+    gpus = [g for g in ctx.gpus if not g.lost]
+    fabric = {g.device.index: _fabric(g) for g in gpus}
+    registering = {i: f for i, f in fabric.items() if f and f.get("state") != "not_supported"}
+    if not switches and not registering:
+        yield skip("no NVSwitch on the PCI bus and no GPU in an NVLink fabric")
+        return
+    problems = False
+    for gpu in gpus:
+        info = fabric.get(gpu.device.index)
+        if info is None or info.get("state") == "not_supported":
+            continue
+        state, status = info.get("state"), info.get("status")
+        if (state, status) != FABRIC_DONE:
+            problems = True
+            yield fail(f"GPU fabric registration {state} (status {status})", value=state,
+                       expected="completed, success", device=gpu.device, details=info,
+                       remedy="check nvidia-fabricmanager (journalctl -u nvidia-fabricmanager); "
+                              "restart it, or reboot; CUDA fails with error 802 until it completes")
+    driver = ctx.hw.nvml().driver_version()
     state = ctx.hw.service_state("nvidia-fabricmanager")
-    if state != "active":
-        return fail(f"nvidia-fabricmanager is {state} with {len(switches)} NVSwitch(es)",
-                    value=state, expected="active",
-                    remedy="install nvidia-fabricmanager of the driver's exact version and "
-                           "systemctl enable --now nvidia-fabricmanager (make provision)")
-    return passed(f"nvidia-fabricmanager active ({len(switches)} NVSwitches)", value=state,
-                  expected="active")
+    version = ctx.hw.fabric_manager_version()
+    where = f"{len(switches)} NVSwitch(es)" if switches else "a fabric-registered GPU"
+    if state == "unknown":
+        if not registering:
+            problems = True
+            yield warn(f"cannot ask systemd about nvidia-fabricmanager (container: "
+                       f"{ctx.hw.container() or 'no systemd'}) and the driver reports no fabric "
+                       f"state, with {where}", value=state,
+                       remedy="run the quick checks on the host itself to judge Fabric Manager")
+    elif state != "active" and switches:
+        problems = True
+        yield fail(f"nvidia-fabricmanager is {state} with {where}", value=state,
+                   expected="active",
+                   remedy="install nvidia-fabricmanager of the driver's exact version and "
+                          "systemctl enable --now nvidia-fabricmanager (make provision)")
+    if version is not None and version != driver:
+        problems = True
+        yield fail(f"Fabric Manager {version} != driver {driver}", value=version, expected=driver,
+                   remedy="install the Fabric Manager package of the driver's exact version and "
+                          "hold both (make provision); a mismatch stops FM from starting")
+    if problems:
+        return
+    registered = f"{len(registering)}/{len(gpus)} GPUs registered" if registering else \
+        "registration state not reported"
+    unit = "unit not visible here" if state == "unknown" else f"nvidia-fabricmanager {state}"
+    ver = f", version {version}" if version else ""
+    yield passed(f"{unit}{ver} with {where}; {registered}", value=state,
+                 expected=f"active, version {driver}")
+
+
+@check("compute-mode", code="GPU020", title="compute mode lets training processes in",
+       needs=DRIVER)
+def compute_mode(ctx: Context) -> Iterator[Result]:
+    """PROHIBITED admits no CUDA context (nothing can train) and fails. EXCLUSIVE_PROCESS
+    admits one process per GPU: training with one rank per GPU works, tools that open a second
+    context on a GPU do not, so it is reported (WARN) and the workload checks keep to one
+    process per GPU. DEFAULT passes."""
+
+    def measure(gpu: Gpu) -> Result:
+        mode = str(gpu.handle.query("compute_mode"))
+        if mode == "prohibited":
+            return fail("compute mode PROHIBITED: no process can use this GPU", value=mode,
+                        expected="default",
+                        remedy="nvidia-smi -i N -c DEFAULT (and find what set it: a scheduler "
+                               "prolog, or an administrator taking the GPU out of service)")
+        if mode == "exclusive_process":
+            return warn("compute mode EXCLUSIVE_PROCESS: one process per GPU", value=mode,
+                        expected="default",
+                        remedy="fine for one rank per GPU; set DEFAULT (nvidia-smi -c 0) for "
+                               "jobs that share a GPU or run monitoring tools with a context")
+        return passed(f"compute mode {mode.upper()}", value=mode, expected="default")
+
+    yield from each_gpu(ctx, measure)
 
 
 @check("mig-mode", code="GPU012", title="MIG mode as expected", needs=DRIVER)

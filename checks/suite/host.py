@@ -110,9 +110,14 @@ def cpu_numa(ctx: Context) -> Result:
     cpus, nodes = ctx.hw.cpu_count(), ctx.hw.numa_nodes()
     layout = ", ".join(f"node{n}: {c} CPUs" for n, c in sorted(nodes.items()))
     details = {"numa_nodes": {str(k): v for k, v in nodes.items()}}
-    gpus = len(ctx.pci_gpus)
-    if not gpus:
+    if not ctx.pci_gpus:
         return passed(f"{cpus} CPUs ({layout}); no GPU", value=cpus, unit="CPUs", details=details)
+    # Against the GPUs this process may use: a container or a Slurm job given 2 of 8 GPUs is
+    # given CPUs for those 2 (its CPU count is its affinity mask).
+    gpus = ctx.usable_gpu_count()
+    if not gpus:
+        return passed(f"{cpus} CPUs ({layout}); no GPU usable here (see gpu-count)", value=cpus,
+                      unit="CPUs", details=details)
     minimum = int(ctx.profile.require("host.cpus_per_gpu_min"))
     per_gpu = cpus / gpus
     if per_gpu < minimum:

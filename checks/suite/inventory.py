@@ -232,10 +232,17 @@ def _cuda_tuple(text: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
+
+
 @check("cuda-compat", code="INV006", title="driver supports torch's CUDA version",
        stage="inventory", needs=("driver-loaded",))
 def cuda_compat(ctx: Context) -> Result:
-    """torch.version.cuda must not be newer than the CUDA version the driver supports (NVML)."""
+    """torch.version.cuda against the CUDA version the driver supports (NVML). Newer major:
+    FAIL. Same major, newer minor: runs under CUDA minor version compatibility when the driver
+    is at least the family's minimum (profile cuda.minor_compat_min_driver), with a limited
+    feature set (PTX of the newer toolkit cannot be JIT-compiled): WARN naming the rule."""
     raw = ctx.hw.nvml().cuda_driver_version()
     driver_cuda = (raw // 1000, (raw % 1000) // 10)
     shown = f"{driver_cuda[0]}.{driver_cuda[1]}"
@@ -252,10 +259,28 @@ def cuda_compat(ctx: Context) -> Result:
     if expect and driver_cuda < _cuda_tuple(expect):
         return fail(f"driver supports CUDA {shown}, expected >= {expect}", value=shown,
                     expected=f">= {expect}", remedy="upgrade the driver branch")
-    if _cuda_tuple(torch.cuda) > driver_cuda:
-        return fail(f"torch {torch.version} is built for CUDA {torch.cuda} but the driver "
-                    f"supports only CUDA {shown}", value=torch.cuda, expected=f"<= {shown}",
-                    remedy=f"install torch built for CUDA <= {shown}, or upgrade the driver")
+    built = _cuda_tuple(torch.cuda)
+    if built[0] > driver_cuda[0]:
+        return fail(f"torch {torch.version} is built for CUDA {torch.cuda}, a newer major version "
+                    f"than the driver's CUDA {shown}: CUDA will not initialise",
+                    value=torch.cuda, expected=f"CUDA {driver_cuda[0]}.x",
+                    remedy=f"install torch built for CUDA {driver_cuda[0]}.x, or upgrade the "
+                           "driver to a branch that supports CUDA " + str(built[0]))
+    if built > driver_cuda:
+        driver = ctx.hw.nvml().driver_version()
+        minimum = (ctx.profile.get("cuda.minor_compat_min_driver") or {}).get(str(built[0]))
+        if minimum is None or _version_tuple(driver) < _version_tuple(str(minimum)):
+            return fail(f"torch CUDA {torch.cuda} is newer than the driver's CUDA {shown} and "
+                        f"driver {driver} is below the minor-version-compatibility minimum "
+                        f"{minimum or 'unknown'} for CUDA {built[0]}.x", value=torch.cuda,
+                        expected=f"<= {shown}",
+                        remedy=f"install torch built for CUDA <= {shown}, or upgrade the driver")
+        return warn(f"torch CUDA {torch.cuda} is newer than the driver's CUDA {shown}: it runs "
+                    f"under CUDA minor version compatibility (CUDA {built[0]}.x on driver >= "
+                    f"{minimum}), without PTX JIT of newer kernels", value=torch.cuda,
+                    expected=f"<= {shown}",
+                    remedy=f"for the full feature set install torch built for CUDA <= {shown} "
+                           "or upgrade the driver")
     return passed(f"torch CUDA {torch.cuda} <= driver CUDA {shown}", value=torch.cuda,
                   expected=f"<= {shown}")
 

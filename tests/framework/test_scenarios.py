@@ -153,3 +153,22 @@ def test_a_query_that_fails_is_error_on_that_gpu_never_pass(run_cli, tmp_path) -
     errors = [r for r in ecc["results"] if r["status"] == "ERROR"]
     assert [r["device"]["index"] for r in errors] == [3]
     assert errors[0]["fault_code"] == "GPU002-E"
+
+
+def test_newer_cuda_minor_runs_under_minor_version_compatibility(run_cli, tmp_path) -> None:
+    """torch cu128 on a 550 driver (CUDA 12.4): same major, driver >= 525.60.13: a WARN that
+    names the rule, not a FAIL (NVIDIA CUDA Compatibility, minor version compatibility)."""
+    scenario = tmp_path / "minor.yaml"
+    scenario.write_text("extends: h100-sxm-8x-healthy\n"
+                        "torch: {version: 2.7.0+cu128, cuda: '12.8', nccl: 2.26.2,\n"
+                        "        arch_list: [sm_80, sm_90, sm_100, sm_120]}\n")
+    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
+    (chk,) = [c for c in report["checks"] if c["id"] == "cuda-compat"]
+    assert code == 0 and chk["status"] == "WARN"
+    assert "minor version compatibility" in chk["results"][0]["message"]
+    old = tmp_path / "old-driver.yaml"
+    old.write_text(f"extends: {scenario}\ndriver: {{version: '520.61.05', cuda_version: 12000}}\n")
+    code, report, _ = run_cli("--simulate", str(old), "--level", "quick", "--only", "cuda-compat")
+    (chk,) = [c for c in report["checks"] if c["id"] == "cuda-compat"]
+    assert code == 1 and chk["status"] == "FAIL"
+    assert "below the minor-version-compatibility minimum 525.60.13" in chk["results"][0]["message"]
