@@ -19,6 +19,12 @@ def each_gpu(ctx: Context, measure: Callable[[Gpu], Result | list[Result]]) -> I
         yield skip("NVML lists no GPU")
         return
     for gpu in gpus:
+        if gpu.lost:
+            # NVML refused this GPU's handle: gpu-count fails it by name; every other check
+            # says it was not measured rather than repeating the failure.
+            yield skip("not measured: NVML answers GPU_IS_LOST for this GPU (see gpu-count)",
+                       device=gpu.device)
+            continue
         try:
             produced = measure(gpu)
         except NotSupported as exc:

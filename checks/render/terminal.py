@@ -70,6 +70,8 @@ def render(report: dict[str, Any], console: Console, verbose: bool = False) -> N
                 label = f"{count} GPUs" if device.get("index") is not None else f"x{count}"
             if r.get("remedy") and r["status"] in ("FAIL", "WARN", "ERROR"):
                 message += f"\n→ {r['remedy']}"
+                if count == 1 and device.get("serial"):  # what an RMA asks for
+                    message += f" (serial {device['serial']})"
             table.add_row(chk["id"] if i == 0 else "", Text(r["status"], style=STYLE[r["status"]]),
                           label, _value(r), message)
     console.print(table)

@@ -301,6 +301,8 @@ def torch_arch(ctx: Context) -> Iterator[Result]:
     caps: set[int] = set()
     problems = 0
     for gpu in ctx.gpus:
+        if gpu.lost:
+            continue  # named by gpu-count
         try:
             major, minor = gpu.handle.query("compute_capability")
         except HardwareError as exc:
