@@ -3,9 +3,14 @@
     python -m checks.fleet.slurm report reports/run1/node07.json --node node07     # dry run
     python -m checks.fleet.slurm report reports/run1/node07.json --node node07 --apply
     python -m checks.fleet.slurm health-check --apply        # HealthCheckProgram: runs checks here
+    python -m checks.fleet.slurm prolog                      # Prolog: refuse a node that failed
+    python -m checks.fleet.slurm scripts /etc/slurm/nodecert # write the three wrappers slurm.conf names
+    python -m checks.fleet.slurm batch-script --nodes 2      # sbatch script: cross-host stage
 
 A failed node is drained with `scontrol update NodeName=<node> State=DRAIN
-Reason="NODECERT: <check-id> <message>"` (the prefix follows LBNL NHC's `NHC:` convention). A node
+Reason="NODECERT: <fault code> <check-id> <message>"` (the prefix follows LBNL NHC's `NHC:`
+convention). Health-check mode keeps the node's last report in --state-dir (last.json), which
+the prolog reads: a job does not start on a node whose last verdict failed. A node
 is resumed (`State=RESUME`) only if it is drained with a reason carrying our prefix: a node an
 administrator drained stays drained. Dry run by default: the exact command is printed, not run.
 The current state and reason come from `sinfo -h -N -n <node> -o '%T|%E'`.
@@ -17,12 +22,14 @@ report, bad options), 3 a Slurm command failed or is missing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +97,9 @@ def verdict(report: dict[str, Any]) -> Verdict:
         return Verdict(True, "report verdict FAIL")
     result = next(r for r in first["results"] if r["status"] == first["status"])
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    return Verdict(True, f"{first['id']} {_one_line(result['message'])}{more}")
+    code = result.get("fault_code") or first.get("code")
+    code = f"{code} " if code else ""
+    return Verdict(True, f"{code}{first['id']} {_one_line(result['message'])}{more}")
 
 
 def drain_reason(prefix: str, summary: str) -> str:
@@ -155,22 +164,138 @@ def local_node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def run_checks(level: str, extra: Sequence[str], timeout_s: float) -> Verdict:
-    """Run `python -m checks` on this node; a run that crashes or hangs is a failure too."""
+STATE_DIR = "/var/lib/nodecert"
+LAST = "last.json"
+
+
+def run_checks(level: str, extra: Sequence[str], timeout_s: float,
+               state_dir: Path | None = None) -> Verdict:
+    """Run `python -m checks` on this node; a run that crashes or hangs is a failure too. The
+    report (or, when none came, a stand-in saying why) is kept as state_dir/last.json."""
     with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
         path = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s")
-        if proc.returncode == 2:
-            raise InputError(f"python -m checks: {_one_line(proc.stderr) or 'bad usage'}")
-        item = load.read(path) if path.exists() else None
-        if item is None or item.report is None:
-            why = item.error if item else (_one_line(proc.stderr)[-80:] or f"exit {proc.returncode}")
-            return Verdict(True, f"{RUN_ID} did not complete: {why}")
-        return verdict(item.report)
+        result = _run_checks(path, level, extra, timeout_s)
+        if state_dir is not None:
+            keep_last(state_dir, path, result)
+        return result
+
+
+def keep_last(state_dir: Path, report: Path, result: Verdict) -> None:
+    """Replace state_dir/last.json atomically: a prolog reading it never sees half a file."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if report.exists():
+        doc = json.loads(report.read_text())
+    else:  # the run hung or crashed: the verdict is still FAIL, and says why
+        doc = {"verdict": "FAIL", "summary_line": result.summary, "checks": []}
+    doc["nodecert_slurm"] = {"failed": result.failed, "summary": result.summary,
+                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = state_dir / f".{LAST}.{os.getpid()}"
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(state_dir / LAST)
+
+
+def last_verdict(state_dir: Path) -> Verdict | None:
+    """The verdict health-check mode kept, None when it has not run yet."""
+    path = state_dir / LAST
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        kept = doc["nodecert_slurm"]
+        return Verdict(bool(kept["failed"]), str(kept["summary"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path}: unreadable last verdict ({exc})") from exc
+
+
+def _run_checks(path: Path, level: str, extra: Sequence[str], timeout_s: float) -> Verdict:
+    cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s")
+    if proc.returncode == 2:
+        raise InputError(f"python -m checks: {_one_line(proc.stderr) or 'bad usage'}")
+    item = load.read(path) if path.exists() else None
+    if item is None or item.report is None:
+        why = item.error if item else (_one_line(proc.stderr)[-80:] or f"exit {proc.returncode}")
+        return Verdict(True, f"{RUN_ID} did not complete: {why}")
+    return verdict(item.report)
+
+
+WRAPPERS = {
+    # name: (what slurm.conf calls it, subcommand and options)
+    "nodecert-healthcheck": ("HealthCheckProgram", ["health-check", "--apply"]),
+    "nodecert-prolog": ("Prolog", ["prolog"]),
+    "nodecert-epilog": ("Epilog", ["health-check", "--apply"]),
+}
+
+
+def write_scripts(directory: Path, state_dir: Path, prefix: str, timeout_s: float,
+                  checks_args: Sequence[str]) -> list[Path]:
+    """Slurm runs a program path without arguments: one small wrapper per role, naming this
+    Python (the node's nodecert venv) and SLURM_CONF when one is set."""
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = os.environ.get("SLURM_CONF")
+    written = []
+    for name, (_, sub) in WRAPPERS.items():
+        args = [*sub, "--prefix", prefix, "--state-dir", str(state_dir)]
+        if sub[0] == "health-check":
+            args += ["--timeout", f"{timeout_s:g}"]
+            if checks_args:
+                args += ["--", *checks_args]
+        lines = ["#!/bin/sh", f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts"]
+        if conf:
+            lines.append(f"export SLURM_CONF={shlex.quote(conf)}")
+        lines.append(f"exec {shlex.quote(sys.executable)} -m checks.fleet.slurm {shlex.join(args)}")
+        path = directory / name
+        tmp = directory / f".{name}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.chmod(0o755)
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+BATCH = """#!/bin/bash
+#SBATCH --job-name=nodecert-verify
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --time={minutes}
+#SBATCH --output={out}/%j.log
+# Multi-node verification over the nodes Slurm allocated (written by
+# `python -m checks.fleet.slurm batch-script`). One task per node: the node's own checks, then
+# the cross-host stage (torchrun through python -m checks.crosshost) with the rendezvous at the
+# first node of the allocation, addressed as Slurm knows it (NodeAddr). The batch host then
+# builds the fleet report, which names the node or link that broke a group.
+set -uo pipefail
+python={python}
+run={out}/$SLURM_JOB_ID
+mkdir -p "$run/crosshost/r0g0"
+addr() {{ scontrol show node -o "$1" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }}
+hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
+addresses=$(for h in ${{hosts//,/ }}; do printf '"%s": "%s",' "$h" "$(addr "$h")"; done)
+"$python" -m checks.crosshost plan --hosts "$hosts" --mode all --base-port {port} \\
+  --run-id "nodecert-$SLURM_JOB_ID" --addresses "{{${{addresses%,}}}}" > "$run/crosshost/plan.json"
+endpoint=$("$python" -c 'import json,sys; print(json.load(sys.stdin)["rounds"][0][0]["endpoint"])' \\
+  < "$run/crosshost/plan.json")
+export python run endpoint
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c '
+  me=$SLURMD_NODENAME
+  local=$(scontrol show node -o "$me" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")
+  "$python" -m checks --level {level} --json "$run/$me.json" -q {checks_args}
+  "$python" -m checks.crosshost node --group r0g0 --nnodes "$SLURM_NNODES" \\
+    --node-rank "$SLURM_NODEID" --rdzv-endpoint "$endpoint" --rdzv-id "nodecert-$SLURM_JOB_ID-r0g0" \\
+    --local-addr "$local" --host "$me" --json "$run/crosshost/r0g0/$me.json" {node_args}
+  true'
+exec "$python" -m checks.fleet report "$run" --no-history --json "$run/fleet.json"
+"""
+
+
+def batch_script(nodes: int, out: str, port: int, minutes: int, level: str,
+                 checks_args: Sequence[str], node_args: Sequence[str]) -> str:
+    return BATCH.format(nodes=nodes, out=shlex.quote(out), port=port, minutes=minutes,
+                        level=level, python=shlex.quote(sys.executable),
+                        checks_args=shlex.join(checks_args), node_args=shlex.join(node_args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,19 +318,66 @@ def build_parser() -> argparse.ArgumentParser:
                     help="check level (default quick: seconds, safe between jobs)")
     hc.add_argument("--timeout", type=float, default=300.0, metavar="S",
                     help="a check run longer than this is a failure (default 300)")
-    hc.add_argument("checks_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
-                    help="further options for python -m checks (after --)")
+    hc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR",
+                    help=f"keep the last report here for the prolog (default {STATE_DIR})")
+    pro = sub.add_parser("prolog", parents=[common],
+                         help="Prolog: exit 1 (Slurm then holds the job and drains the node) "
+                              "when this node's last verdict failed")
+    pro.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
+    sc = sub.add_parser("scripts", parents=[common],
+                        help="write nodecert-healthcheck, -prolog and -epilog wrappers for slurm.conf")
+    sc.add_argument("directory", metavar="DIR")
+    sc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
+    sc.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                    help="health-check time budget (default 120; keep it below HealthCheckInterval)")
+    bs = sub.add_parser("batch-script", help="print an sbatch script for multi-node verification")
+    bs.add_argument("--nodes", type=int, required=True)
+    bs.add_argument("--out", default="reports/slurm", help="report directory (shared by the nodes)")
+    bs.add_argument("--port", type=int, default=29400, help="rendezvous port on the first node")
+    bs.add_argument("--minutes", type=int, default=30, help="job time limit")
+    bs.add_argument("--level", default="quick", choices=("quick", "standard", "burn-in"))
+    bs.add_argument("--ifname", help="network interface for NCCL/gloo between the nodes")
+    bs.add_argument("--nproc-per-node", type=int, help="ranks per node (default: GPUs, or 1)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cliutil.parse(build_parser(), argv)
+    # Everything after "--" goes to python -m checks (health-check, scripts, batch-script).
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = cliutil.parse(build_parser(), argv[:cut])
     if isinstance(args, int):
         return args
+    args.checks_args = argv[cut + 1:]
+    args.prefix = getattr(args, "prefix", DEFAULT_PREFIX)
     if not args.prefix or ":" in args.prefix:
         print("error: --prefix must be non-empty and without ':'", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command == "scripts":
+            extra = args.checks_args
+            for path in write_scripts(Path(args.directory), Path(args.state_dir), args.prefix,
+                                      args.timeout, extra):
+                print(f"wrote {path} ({WRAPPERS[path.name][0]}={path})")
+            return 0
+        if args.command == "batch-script":
+            if args.nodes < 2:
+                raise InputError("--nodes must be at least 2 (the cross-host stage pairs nodes)")
+            node_args = [*(["--ifname", args.ifname] if args.ifname else []),
+                         *(["--nproc-per-node", str(args.nproc_per_node)]
+                           if args.nproc_per_node else [])]
+            # Slurm opens --output before the script runs: the directory must exist (on the
+            # file system the nodes share).
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            sys.stdout.write(batch_script(args.nodes, str(Path(args.out).resolve()), args.port, args.minutes, args.level,
+                                          args.checks_args, node_args))
+            return 0
+        if args.command == "prolog":
+            kept = last_verdict(Path(args.state_dir))
+            if kept is not None and kept.failed:
+                print(f"nodecert: this node's last verdict failed: {kept.summary}", file=sys.stderr)
+                return EXIT_FAIL
+            return 0
         if args.command == "report":
             item = load.read(Path(args.report))
             if item is None or item.report is None:
@@ -214,9 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             node = args.node or str(item.report["host"]).split(".")[0]
             result = verdict(item.report)
         else:
-            extra = [a for a in args.checks_args if a != "--"]
+            extra = args.checks_args
             node = args.node or local_node()
-            result = run_checks(args.level, extra, args.timeout)
+            result = run_checks(args.level, extra, args.timeout, Path(args.state_dir))
         act(decide(node, result, node_state(node), args.prefix), args.apply)
     except (InputError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,12 +1,16 @@
-"""The Slurm helper against stub `sinfo` and `scontrol` on PATH that record their arguments."""
+"""The Slurm helper against a real Slurm cluster on this machine (tests/fleet/slurmcluster.py):
+munged, slurmctld and slurmd from Debian, every node in its own network namespace. The helper's
+sinfo/scontrol calls go to that cluster; what is asserted is the state Slurm reports after."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,46 +19,36 @@ import pytest
 from checks.fleet import slurm, synthetic
 from checks.fleet.synthetic import Broken
 
-STUB = """#!{python}
-import json, os, sys
-with open(os.environ["STUB_LOG"], "a") as log:
-    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
-if sys.argv[0].endswith("sinfo"):
-    sys.stdout.write(os.environ.get("STUB_SINFO", "idle|none") + "\\n")
-else:
-    sys.stderr.write(os.environ.get("STUB_SCONTROL_ERR", ""))
-    sys.exit(int(os.environ.get("STUB_SCONTROL_RC", "0")))
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurmcluster import SlurmCluster, missing_tools  # noqa: E402
+
+NODES = ("gpu07", "gpu11", "n1")
+ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
+ECC_REASON = "NODECERT: GPU002 ecc-errors GPU5: 2 volatile uncorrectable ECC errors"
 
 
-class Slurm:
-    """The stubs' PATH entry and what they were called with."""
+def _need_cluster() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
+    missing = missing_tools()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: make test installs .ci/apt-packages.txt "
+                    "(slurmctld slurmd slurm-client munge iproute2)")
 
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        for name in ("sinfo", "scontrol"):
-            path = bin_dir / name
-            path.write_text(STUB.format(python=sys.executable))
-            path.chmod(path.stat().st_mode | stat.S_IXUSR)
-        self.log = tmp_path / "calls.jsonl"
-        self.monkeypatch = monkeypatch
-        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        monkeypatch.setenv("STUB_LOG", str(self.log))
 
-    def node(self, state: str, reason: str = "none") -> None:
-        self.monkeypatch.setenv("STUB_SINFO", f"{state}|{reason}")
-
-    def calls(self, name: str | None = None) -> list[list[str]]:
-        if not self.log.exists():
-            return []
-        calls = [json.loads(line) for line in self.log.read_text().splitlines()]
-        return [c[1:] for c in calls if name is None or c[0] == name]
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
+    _need_cluster()
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as c:
+        yield c
 
 
 @pytest.fixture()
-def stub(tmp_path, monkeypatch) -> Slurm:
-    return Slurm(tmp_path, monkeypatch)
+def slurm_env(cluster, monkeypatch) -> SlurmCluster:
+    """The helper's sinfo/scontrol talk to the test cluster; every node starts idle."""
+    cluster.reset()
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    return cluster
 
 
 def _report(tmp_path: Path, base: dict[str, Any], broken: list[Broken] = ()) -> Path:
@@ -65,91 +59,86 @@ def _report(tmp_path: Path, base: dict[str, Any], broken: list[Broken] = ()) -> 
     return path
 
 
-ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
-DRAIN = ["update", "NodeName=gpu07", "State=DRAIN",
-         "Reason=NODECERT: ecc-errors GPU5: 2 volatile uncorrectable ECC errors"]
-
-
-def test_dry_run_prints_the_drain_and_does_nothing(stub, tmp_path, h100_report, capsys) -> None:
-    stub.node("idle")
+def test_dry_run_prints_the_drain_and_does_nothing(slurm_env, tmp_path, h100_report, capsys) -> None:
     assert slurm.main(["report", str(_report(tmp_path, h100_report, [ECC]))]) == 1
     out = capsys.readouterr().out
-    assert ("dry run (--apply to run): scontrol update NodeName=gpu07 State=DRAIN "
-            "'Reason=NODECERT: ecc-errors GPU5: 2 volatile uncorrectable ECC errors'") in out
-    assert stub.calls("scontrol") == []
-    assert stub.calls("sinfo") == [["-h", "-N", "-n", "gpu07", "-o", "%T|%E"]]
+    assert (f"dry run (--apply to run): scontrol update NodeName=gpu07 State=DRAIN "
+            f"'Reason={ECC_REASON}'") in out
+    assert slurm_env.node_state("gpu07") == ("idle", "")
 
 
-def test_apply_drains_a_failed_node(stub, tmp_path, h100_report) -> None:
-    stub.node("mixed")
+def test_apply_drains_a_failed_node_with_the_fault_code(slurm_env, tmp_path, h100_report) -> None:
     assert slurm.main(["report", str(_report(tmp_path, h100_report, [ECC])), "--apply"]) == 1
-    assert stub.calls("scontrol") == [DRAIN]
+    state, reason = slurm_env.node_state("gpu07")
+    assert "drain" in state and reason == ECC_REASON
+    assert slurm_env.node_state("gpu11") == ("idle", "")
 
 
-def test_a_passing_idle_node_is_left_alone(stub, tmp_path, h100_report) -> None:
-    stub.node("idle")
+def test_a_passing_idle_node_is_left_alone(slurm_env, tmp_path, h100_report) -> None:
     assert slurm.main(["report", str(_report(tmp_path, h100_report)), "--apply"]) == 0
-    assert stub.calls("scontrol") == []
+    assert slurm_env.node_state("gpu07") == ("idle", "")
 
 
-def test_resumes_a_node_drained_with_our_prefix(stub, tmp_path, h100_report) -> None:
-    stub.node("drained", "NODECERT: ecc-errors GPU5: 2 volatile uncorrectable ECC errors")
+def _drain(cluster: SlurmCluster, node: str, reason: str) -> None:
+    cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+
+def test_resumes_a_node_drained_with_our_prefix(slurm_env, tmp_path, h100_report) -> None:
+    _drain(slurm_env, "gpu07", ECC_REASON)
     assert slurm.main(["report", str(_report(tmp_path, h100_report)), "--apply"]) == 0
-    assert stub.calls("scontrol") == [["update", "NodeName=gpu07", "State=RESUME"]]
+    assert slurm_env.node_state("gpu07") == ("idle", "")
 
 
 @pytest.mark.parametrize("reason", ["admin: fan replaced, burn-in first", "NHC: check_hw_ib failed",
                                     "NODECERTX: something"])
-def test_never_resumes_a_node_someone_else_drained(stub, tmp_path, h100_report, reason) -> None:
-    stub.node("drained*", reason)
+def test_never_resumes_a_node_someone_else_drained(slurm_env, tmp_path, h100_report, reason) -> None:
+    _drain(slurm_env, "gpu07", reason)
     assert slurm.main(["report", str(_report(tmp_path, h100_report)), "--apply"]) == 0
-    assert stub.calls("scontrol") == []
+    state, kept = slurm_env.node_state("gpu07")
+    assert "drain" in state and kept == reason
 
 
-def test_never_overwrites_someone_elses_drain_reason(stub, tmp_path, h100_report, capsys) -> None:
-    stub.node("draining", "admin: RMA ticket 4411")
+def test_never_overwrites_someone_elses_drain_reason(slurm_env, tmp_path, h100_report, capsys) -> None:
+    _drain(slurm_env, "gpu07", "admin: RMA ticket 4411")
     assert slurm.main(["report", str(_report(tmp_path, h100_report, [ECC])), "--apply"]) == 1
-    assert stub.calls("scontrol") == []
+    assert slurm_env.node_state("gpu07")[1] == "admin: RMA ticket 4411"
     assert "already drained by someone else (admin: RMA ticket 4411)" in capsys.readouterr().out
 
 
-def test_already_drained_by_us_for_the_same_reason(stub, tmp_path, h100_report) -> None:
-    stub.node("drained", DRAIN[-1].removeprefix("Reason="))
+def test_already_drained_by_us_for_the_same_reason(slurm_env, tmp_path, h100_report, capsys) -> None:
+    _drain(slurm_env, "gpu07", ECC_REASON)
     assert slurm.main(["report", str(_report(tmp_path, h100_report, [ECC])), "--apply"]) == 1
-    assert stub.calls("scontrol") == []
+    assert f"already drained: {ECC_REASON}" in capsys.readouterr().out
 
 
-def test_custom_prefix(stub, tmp_path, h100_report) -> None:
-    stub.node("drained", "NODECERT: ecc-errors old")
+def test_custom_prefix(slurm_env, tmp_path, h100_report) -> None:
+    _drain(slurm_env, "gpu07", "NODECERT: GPU002 ecc-errors old")
     path = str(_report(tmp_path, h100_report))
     assert slurm.main(["report", path, "--apply", "--prefix", "GPUCERT"]) == 0
-    assert stub.calls("scontrol") == []
-    stub.node("drained", "GPUCERT: ecc-errors old")
+    assert "drain" in slurm_env.node_state("gpu07")[0]  # not ours under this prefix
+    _drain(slurm_env, "n1", "GPUCERT: GPU002 ecc-errors old")
     assert slurm.main(["report", path, "--apply", "--prefix", "GPUCERT", "--node", "n1"]) == 0
-    assert stub.calls("scontrol") == [["update", "NodeName=n1", "State=RESUME"]]
+    assert slurm_env.node_state("n1") == ("idle", "")
 
 
-def test_scontrol_failure_is_one_line_exit_3(stub, tmp_path, h100_report, monkeypatch, capsys) -> None:
-    stub.node("idle")
-    monkeypatch.setenv("STUB_SCONTROL_RC", "1")
-    monkeypatch.setenv("STUB_SCONTROL_ERR", "slurm_update error: Invalid node name specified\n")
-    assert slurm.main(["report", str(_report(tmp_path, h100_report, [ECC])), "--apply"]) == 3
+def test_unknown_node_is_one_line_exit_3(slurm_env, tmp_path, h100_report, capsys) -> None:
+    code = slurm.main(["report", str(_report(tmp_path, h100_report, [ECC])), "--apply",
+                       "--node", "gpu99"])
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Invalid node name specified" in err
+    assert code == 3 and err.count("\n") == 1 and err.startswith("error: ")
 
 
 @pytest.mark.parametrize(("content", "needle"), [
     ("{not json", "report unreadable"), ('{"schema": "nodecert-report"}', "required property"),
     (None, "No such file"),
 ])
-def test_bad_report_is_one_line_exit_2(stub, tmp_path, content, needle, capsys) -> None:
+def test_bad_report_is_one_line_exit_2(tmp_path, content, needle, capsys) -> None:
     path = tmp_path / "r.json"
     if content is not None:
         path.write_text(content)
     assert slurm.main(["report", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
-    assert stub.calls() == []
 
 
 def test_missing_slurm_commands(tmp_path, h100_report, monkeypatch, capsys) -> None:
@@ -164,34 +153,130 @@ def test_cli_entry_point_never_prints_a_traceback(tmp_path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("error:")
 
 
-def test_health_check_mode_drains_this_node(stub, monkeypatch) -> None:
+def test_health_check_mode_drains_this_node_and_keeps_the_verdict(slurm_env, monkeypatch,
+                                                                  tmp_path) -> None:
     """HealthCheckProgram: runs the quick checks on 'this node' (a fault scenario) and drains it."""
-    stub.node("idle")
     monkeypatch.setenv("SLURMD_NODENAME", "gpu11")
-    code = slurm.main(["health-check", "--apply", "--", "--simulate", "fault-xid-79"])
+    code = slurm.main(["health-check", "--apply", "--state-dir", str(tmp_path), "--",
+                       "--simulate", "fault-xid-79"])
     assert code == 1
-    [call] = stub.calls("scontrol")
-    assert call[:3] == ["update", "NodeName=gpu11", "State=DRAIN"]
-    assert call[3].startswith("Reason=NODECERT: xid-events ")
+    state, reason = slurm_env.node_state("gpu11")
+    assert "drain" in state and reason.startswith("NODECERT: GPU005 xid-events XID 79")
+    assert slurm.last_verdict(tmp_path).failed
 
 
-def test_health_check_mode_resumes_after_repair(stub, monkeypatch) -> None:
-    stub.node("drained", "NODECERT: xid-events XID 79")
+def test_health_check_mode_resumes_after_repair(slurm_env, monkeypatch, tmp_path) -> None:
+    _drain(slurm_env, "gpu11", "NODECERT: GPU005 xid-events XID 79")
     monkeypatch.setenv("SLURMD_NODENAME", "gpu11")
-    assert slurm.main(["health-check", "--apply", "--", "--simulate", "h100-sxm-8x-healthy"]) == 0
-    assert stub.calls("scontrol") == [["update", "NodeName=gpu11", "State=RESUME"]]
+    assert slurm.main(["health-check", "--apply", "--state-dir", str(tmp_path), "--",
+                       "--simulate", "h100-sxm-8x-healthy"]) == 0
+    assert slurm_env.node_state("gpu11") == ("idle", "")
+    assert not slurm.last_verdict(tmp_path).failed
 
 
-def test_health_check_with_bad_options_does_not_drain(stub) -> None:
-    stub.node("idle")
-    assert slurm.main(["health-check", "--apply", "--", "--simulate", "no-such-scenario"]) == 2
-    assert stub.calls("scontrol") == []
-
-
-def test_health_check_that_hangs_drains(stub, monkeypatch) -> None:
-    stub.node("idle")
+def test_health_check_with_bad_options_does_not_drain(slurm_env, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "gpu11")
-    assert slurm.main(["health-check", "--apply", "--timeout", "0.01", "--", "--simulate",
-                       "h100-sxm-8x-healthy"]) == 1
-    assert stub.calls("scontrol") == [["update", "NodeName=gpu11", "State=DRAIN",
-                                       "Reason=NODECERT: nodecert-run did not finish in 0.01 s"]]
+    assert slurm.main(["health-check", "--apply", "--state-dir", str(tmp_path), "--",
+                       "--simulate", "no-such-scenario"]) == 2
+    assert slurm_env.node_state("gpu11") == ("idle", "")
+
+
+def test_health_check_that_hangs_drains(slurm_env, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu11")
+    assert slurm.main(["health-check", "--apply", "--timeout", "0.01", "--state-dir", str(tmp_path),
+                       "--", "--simulate", "h100-sxm-8x-healthy"]) == 1
+    assert slurm_env.node_state("gpu11")[1] == "NODECERT: nodecert-run did not finish in 0.01 s"
+    assert slurm.last_verdict(tmp_path).failed
+
+
+def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_slurmd_runs_the_health_check_drains_and_resumes(tmp_path) -> None:
+    """slurm.conf names our wrapper as HealthCheckProgram; slurmd itself calls it. A fault
+    injected through the scenario drains the node with the fault code; repaired, it resumes."""
+    _need_cluster()
+    scenario = tmp_path / "node-state.yaml"
+    scenario.symlink_to(Path(slurm.__file__).resolve().parents[1] / "scenarios" / "fault-xid-79.yaml")
+    wrappers, state = tmp_path / "bin", tmp_path / "state"
+    conf = tmp_path / "cluster"
+    with SlurmCluster(conf, nodes=("hc1",), extra_conf={
+            "HealthCheckProgram": str(wrappers / "nodecert-healthcheck"),
+            "HealthCheckInterval": "3", "HealthCheckNodeState": "ANY"}) as c:
+        subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "scripts", str(wrappers),
+                        "--state-dir", str(state), "--timeout", "60", "--", "--simulate",
+                        str(scenario)], check=True, env=c.env(), capture_output=True, timeout=60)
+        drained = _wait(lambda: "drain" in c.node_state("hc1")[0], 90)
+        assert drained, c.log("slurmd.hc1")[-2000:]
+        assert c.node_state("hc1")[1].startswith("NODECERT: GPU005 xid-events XID 79")
+        healthy = Path(slurm.__file__).resolve().parents[1] / "scenarios" / "h100-sxm-8x-healthy.yaml"
+        scenario.unlink()
+        scenario.symlink_to(healthy)
+        assert _wait(lambda: c.node_state("hc1") == ("idle", ""), 90), c.node_state("hc1")
+
+
+def test_prolog_refuses_a_job_on_a_node_whose_last_verdict_failed(tmp_path) -> None:
+    _need_cluster()
+    wrappers, state = tmp_path / "bin", tmp_path / "state"
+    out = tmp_path / "job.out"
+    job = tmp_path / "job.sh"
+    job.write_text(f"#!/bin/sh\necho ran > {out}\n")
+    with SlurmCluster(tmp_path / "cluster", nodes=("pj1",),
+                      extra_conf={"Prolog": str(wrappers / "nodecert-prolog")}) as c:
+        subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "scripts", str(wrappers),
+                        "--state-dir", str(state)], check=True, env=c.env(), capture_output=True,
+                       timeout=60)
+        # The node's last health check failed (a dry run: it kept the verdict, drained nothing).
+        env = {**c.env(), "SLURMD_NODENAME": "pj1"}
+        subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "health-check", "--state-dir",
+                        str(state), "--", "--simulate", "fault-ecc-uncorrectable"], env=env,
+                       capture_output=True, timeout=120, check=False)
+        assert slurm.last_verdict(state).failed
+        c.run("sbatch", "-o", "/dev/null", str(job))
+        assert _wait(lambda: "drain" in c.node_state("pj1")[0], 60), c.node_state("pj1")
+        time.sleep(1)
+        assert not out.exists(), "the job ran on a node whose last verdict failed"
+        assert "last verdict failed" in c.log("slurmd.pj1") or "Prolog" in c.node_state("pj1")[1]
+        # Repaired: a passing verdict and a resume let the (requeued) job run.
+        subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "health-check", "--state-dir",
+                        str(state), "--", "--simulate", "h100-sxm-8x-healthy"], env=env,
+                       capture_output=True, timeout=120, check=True)
+        c.run("scontrol", "update", "NodeName=pj1", "State=RESUME")
+        held = c.run("squeue", "-h", "-o", "%i %T %r").split()
+        if held and "held" in " ".join(held).lower():
+            c.run("scontrol", "release", held[0])
+        c.run("sbatch", "-o", "/dev/null", str(job))
+        assert _wait(out.exists, 60), c.run("squeue")
+
+
+@pytest.mark.slow
+def test_batch_job_verifies_across_the_allocated_nodes(slurm_env, tmp_path) -> None:
+    """The sbatch script from batch-script: one task per node, cross-host stage over torchrun
+    with the rendezvous at the first node's NodeAddr, then the fleet report (exit 0)."""
+    script = tmp_path / "verify.sbatch"
+    reports = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "batch-script", "--nodes", "2",
+                           "--out", str(reports), "--ifname", "eth0", "--minutes", "10", "--",
+                           "--simulate", "cpu-only-healthy"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    script.write_text(proc.stdout)
+    proc = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True,
+                          text=True, timeout=600, env=slurm_env.env(), check=False)
+    job = proc.stdout.strip().split(";")[0]
+    log = reports / f"{job}.log"
+    assert proc.returncode == 0, (log.read_text() if log.exists() else proc.stderr)[-3000:]
+    run = reports / job
+    fleet = json.loads((run / "fleet.json").read_text())
+    assert sorted(h["host"] for h in fleet["hosts"]) == ["gpu07", "gpu11"]
+    node_reports = {p.stem: json.loads(p.read_text()) for p in (run / "crosshost" / "r0g0").glob("*.json")}
+    assert sorted(node_reports) == ["gpu07", "gpu11"]
+    for report in node_reports.values():
+        statuses = {c["id"]: c["status"] for c in report["checks"]}
+        assert statuses == {"xhost-collective": "PASS", "xhost-ddp": "PASS"}, report
+    assert shutil.which("sbatch")
