@@ -11,6 +11,7 @@ links.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -23,6 +24,9 @@ from pathlib import Path
 
 TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "srun", "ip",
          "unshare", "nsenter")
+
+
+_instances = itertools.count()
 
 
 def missing_tools() -> list[str]:
@@ -45,14 +49,16 @@ class SlurmCluster:
     nodes: Sequence[str] = ("node1",)
     cpus: int = 2
     extra_conf: dict[str, str] = field(default_factory=dict)
-    tag: str = field(default_factory=lambda: f"nc{os.getpid() % 100000}")
+    tag: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         self.base.chmod(0o755)  # munged wants the socket's directory reachable by everyone
-        octet = 16 + os.getpid() % 200
-        self.subnet = f"10.213.{octet}"
+        # Distinct names and subnets per cluster: several may run at once (pid, then a counter).
+        n = next(_instances)
+        self.tag = self.tag or f"nc{os.getpid() % 10000}x{n}"
+        self.subnet = f"10.{213 + n % 30}.{os.getpid() % 250}"
         self.controller_addr = f"{self.subnet}.1"
         self.bridge = f"{self.tag}br"
         self.conf = self.base / "slurm.conf"
