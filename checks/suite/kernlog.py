@@ -477,9 +477,10 @@ REMEDY_AER_CORRECTED = ("reseat the device or its riser/cable; corrected errors 
 def pcie_aer(ctx: Context) -> Iterator[Result]:
     """Scans this boot's kernel log for PCIe AER lines and attributes each to the device named:
     uncorrected errors on a GPU, an NVSwitch or a bridge above them fail, on other devices
-    warn; corrected errors above aer.corrected_warn per device warn; a link the kernel reports
-    narrower than the device supports warns. SKIP when the log shows the kernel does not own
-    AER (firmware-first), ERROR when no log source can be read."""
+    warn; corrected errors above aer.corrected_warn (DCGM's 80 PCIe replays) per device warn; a
+    link the kernel reports narrower than the device supports warns. With nothing found, SKIP
+    unless the log shows the kernel enabling AER (firmware-first platforms log elsewhere);
+    ERROR when no log source can be read."""
     corrected_warn = int(ctx.profile.require("aer.corrected_warn"))
     lines = kernel_log(ctx)
     source = log_source(ctx, lines)
