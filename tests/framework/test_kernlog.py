@@ -252,12 +252,16 @@ def test_xid_classes(run_cli, tmp_path: Path) -> None:
 
 
 def test_xid_154_puts_the_recovery_action_into_the_result(run_cli, tmp_path: Path) -> None:
-    # The XID 154 text as NVIDIA's XID catalogue gives it, reported with this action in
-    # open-gpu-kernel-modules#1134 (RTX 3090: "Xid 31 -> Xid 154 (Node Reboot Required)").
-    lines = ["NVRM: Xid (PCI:0000:01:00): 31, pid=2280, name=chrome, Ch 00000010",
-             "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to "
+    # An XID 31 as akash-network/support#244 quotes it, then XID 154 in the text NVIDIA's XID
+    # catalogue gives, with the action open-gpu-kernel-modules#1134 reports after an XID 31
+    # ("Xid 31 -> Xid 154 (Node Reboot Required)").
+    lines = ["[Mon Aug  5 03:54:13 2024] NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, "
+             "name=python3.10, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "
+             "GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE "
+             "ACCESS_TYPE_VIRT_WRITE",
+             "NVRM: Xid (PCI:0000:00:07): 154, GPU recovery action changed from 0x0 (None) to "
              "0x2 (Node Reboot Required)"]
-    report = _run(run_cli, _scenario(tmp_path, lines, gpus={0: "0000:01:00.0"}))
+    report = _run(run_cli, _scenario(tmp_path, lines, gpus={0: "0000:00:07.0"}))
     results = {r["details"]["xid"]: r for r in _check(report, "xid-events")["results"]}
     action = results[154]
     assert action["status"] == "FAIL"
@@ -489,7 +493,8 @@ def test_uncorrected_aer_on_another_device_warns_naming_it(run_cli, tmp_path: Pa
 
 
 def test_corrected_aer_warns_past_the_published_replay_limit(run_cli, tmp_path: Path) -> None:
-    # Format given by the task's brief for a GPU; 81 of them is one more than DCGM's 80 replays.
+    # The device line of aer_print_error() for a corrected Physical Layer error on an NVIDIA GPU
+    # (same wording as the nvme line of bugzilla #215027); 81 is one more than DCGM's 80 replays.
     line = "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"
     scenario = _scenario(tmp_path, [VMD_AER_ON, *[line] * 81], gpus={0: "0000:3b:00.0"})
     (result,) = _check(_run(run_cli, scenario), "pcie-aer")["results"]
