@@ -103,16 +103,10 @@ class LinuxBackend(Backend):
         return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
     def kernel_log(self) -> list[str]:
-        # journalctl -k -b limits to this boot; dmesg is the kernel ring buffer (also this boot).
-        for cmd in (["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"],
-                    ["dmesg", "--kernel", "--notime"]):
-            if shutil.which(cmd[0]) is None:
-                continue
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-            if proc.returncode == 0 and proc.stdout.strip():
-                return proc.stdout.splitlines()
-        raise HardwareError("cannot read the kernel log (journalctl -k and dmesg both failed; "
-                            "run as root or set kernel.dmesg_restrict=0)")
+        # journalctl -k -b, then dmesg, then /dev/kmsg; the answer records which one replied.
+        from .kernlog import read_kernel_log
+
+        return read_kernel_log()
 
     def os_release(self) -> dict[str, str]:
         return dict(platform.freedesktop_os_release())

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from ..context import Context, Gpu
 from ..hw.base import NotSupported
-from ..model import Device, Result, fail, passed, skip, warn
+from ..model import Result, fail, passed, skip, warn
 from ..perdevice import each_gpu
 from ..registry import check
 
@@ -152,46 +150,6 @@ def row_remap(ctx: Context) -> Iterator[Result]:
                       f"{rows.get('uncorrectable', 0)} uncorrectable remapped)", value=rows)
 
     yield from each_gpu(ctx, measure)
-
-
-XID_RE = re.compile(r"NVRM: Xid \(PCI:(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                    r"(?:\.\d)?\): (\d+)")
-
-
-@check("xid-events", code="GPU005", title="no hardware XID events since boot",
-       needs=("pci-gpus",))
-def xid_events(ctx: Context) -> Iterator[Result]:
-    """Scans the kernel log of this boot for NVRM Xid lines; XIDs in the profile's
-    xid.hardware list fail, others warn. Readable without the driver."""
-    hardware = set(ctx.profile.get("xid.hardware", []))
-    software = set(ctx.profile.get("xid.software", []))
-    events: Counter[tuple[str, int]] = Counter()
-    last: dict[tuple[str, int], str] = {}
-    for line in ctx.hw.kernel_log():
-        match = XID_RE.search(line)
-        if match:
-            key = (f"{(match.group(1) or '0000').lower()}:{match.group(2).lower()}",
-                   int(match.group(3)))
-            events[key] += 1
-            last[key] = line.strip()
-    if not events:
-        yield passed("no XID events in the kernel log since boot", value=0)
-        return
-    by_bus = {d.address.rsplit(".", 1)[0]: d.address for d in ctx.pci_gpus}
-    for (bus, xid), count in sorted(events.items()):
-        device = Device(pci=by_bus.get(bus, bus))
-        details = {"xid": xid, "count": count, "last": last[(bus, xid)]}
-        if xid in hardware:
-            yield fail(f"XID {xid} (hardware) x{count} on {device.pci}", value=xid,
-                       device=device, details=details, expected="no hardware XID",
-                       remedy="drain the node; XID 79/48/63/64/94/95 point at the GPU or its "
-                              "memory: reset or reboot, re-verify, RMA if it recurs")
-        else:
-            kind = "software/application" if xid in software else "unclassified"
-            yield warn(f"XID {xid} ({kind}) x{count} on {device.pci}", value=xid, device=device,
-                       details=details,
-                       remedy="usually a job fault (bad memory access, killed process); look at "
-                              "the job that ran at that time")
 
 
 @check("pcie-link", code="GPU006", title="PCIe link at full width and generation", needs=DRIVER)

@@ -148,7 +148,8 @@ def test_a_query_that_fails_is_error_on_that_gpu_never_pass(run_cli, tmp_path) -
         "host:\n  kernel_log: {error: 'dmesg: Operation not permitted'}\n")
     code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick")
     assert code == 1
-    assert problems(report) == {"ecc-errors": "ERROR", "xid-events": "ERROR"}
+    assert problems(report) == {"ecc-errors": "ERROR", "xid-events": "ERROR",
+                                "nvswitch-sxid": "ERROR", "pcie-aer": "ERROR"}
     (ecc,) = [c for c in report["checks"] if c["id"] == "ecc-errors"]
     errors = [r for r in ecc["results"] if r["status"] == "ERROR"]
     assert [r["device"]["index"] for r in errors] == [3]
