@@ -129,7 +129,7 @@ class RealNvml(Nvml):
               what: str | None = None) -> Any:
         """Call one pynvml function, bounded in time, with its errors translated."""
         n = self._n
-        label = what or getattr(fn, "__name__", "NVML call")
+        label = what or str(getattr(fn, "__name__", "NVML call"))
         if scope in self._hung:
             raise HardwareError(f"{label}: not attempted, an earlier call "
                                 f"({self._hung[scope]}) never returned (hung GPU or driver)")

@@ -11,7 +11,7 @@ import pytest
 # pytest runs with --import-mode=importlib, which puts no test directory on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fakenvml  # noqa: E402
+import fakenvml
 
 
 @pytest.fixture

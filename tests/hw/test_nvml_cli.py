@@ -120,7 +120,7 @@ def test_nvlink_unknown_error_at_link_3_is_that_gpus_error(quick_run: Any) -> No
     code, verdicts, _ = quick_run(FakeNvmlLibrary([h100(0), broken], driver=DRIVER))
     assert code == 1
     assert statuses(verdicts, "nvlink") == {ADDRESSES[0]: "PASS", ADDRESSES[1]: "ERROR"}
-    message = [m for s, pci, m in verdicts["nvlink"] if pci == ADDRESSES[1]][0]
+    message = next(m for s, pci, m in verdicts["nvlink"] if pci == ADDRESSES[1])
     assert "link 3" in message and "Unknown Error" in message
 
 

@@ -355,7 +355,7 @@ def test_fabric_on_a_driver_without_the_v_function(fake_nvml: Any) -> None:
 def test_fabric_on_a_driver_without_either_function(fake_nvml: Any) -> None:
     gpu = open_gpu(fake_nvml, FakeGpu(**DISTINCT), missing=(
         "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"))
-    with pytest.raises(NotSupported, match="nvmlDeviceGetGpuFabricInfo: .*no such function"):
+    with pytest.raises(NotSupported, match=r"nvmlDeviceGetGpuFabricInfo: .*no such function"):
         gpu.query("fabric_info")
 
 
