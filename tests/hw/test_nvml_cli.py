@@ -72,7 +72,7 @@ def quick_run(fake_nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
     runs = [0]
 
-    def run(library: FakeNvmlLibrary) -> tuple[int, dict[str, list[tuple[str, str, str]]], Any]:
+    def run(library: FakeNvmlLibrary) -> tuple[int, dict[str, list[tuple[str, str | None, str]]], Any]:
         runs[0] += 1
         sys_pci = tmp_path / f"sys-pci-{runs[0]}"
         for address in ADDRESSES:
@@ -92,7 +92,8 @@ def quick_run(fake_nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return run
 
 
-def statuses(verdicts: dict[str, list[tuple[str, str, str]]], check_id: str) -> dict[str, str]:
+def statuses(verdicts: dict[str, list[tuple[str, str | None, str]]], check_id: str
+             ) -> dict[str | None, str]:
     return {pci: status for status, pci, _ in verdicts[check_id]}
 
 
