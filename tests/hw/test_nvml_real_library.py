@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 
 def _fetch(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (fixed http URL)
+    with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read()
 
 
