@@ -2,20 +2,39 @@
 
 Units of the values returned (see base.GPU_FIELDS): bytes, watts, degrees C, MHz; booleans for
 modes; `remapped_rows` a dict; `nvlink` a list of {"link", "active", "errors": {...}} for every
-link the device has.
+link the device has; `ecc_by_location` {"sram"|"dram": {"volatile_uncorrected", ...}};
+`fabric_info` {"state", "status", "cluster_uuid", "clique_id"}; `compute_mode` a name;
+`minor_number` the N of /dev/nvidiaN.
+
+Error translation (docs/hardware-layer.md has the table): NOT_SUPPORTED and FUNCTION_NOT_FOUND
+(a driver older than the bindings) -> NotSupported; GPU_IS_LOST -> GpuLost; anything else ->
+HardwareError with the NVML text. At init: LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_PERMISSION
+-> NvmlUnavailable(kind). Every call is bounded in time: a hung GPU can leave NVML stuck in the
+kernel (D state, NVIDIA/gpu-monitoring-tools#46), so a call that does not return within
+`CALL_TIMEOUT_S` is abandoned on its thread and reported; later calls on that GPU fail at once.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from .base import GpuHandle, GpuLost, HardwareError, NotSupported, Nvml, NvmlUnavailable
 
+# Seconds one NVML call may take before it is abandoned. Healthy calls take micro- to
+# milliseconds; nvmlInit on a large node can take seconds, so the bound is generous.
+CALL_TIMEOUT_S = 60.0
+
 _lock = threading.Lock()
 _instance: RealNvml | None = None
 _init_error: NvmlUnavailable | None = None
+
+
+class InvalidArgument(HardwareError):
+    """NVML answered INVALID_ARGUMENT (e.g. a link index past the device's last link)."""
 
 
 def _pynvml() -> Any:
@@ -36,7 +55,12 @@ def open_nvml() -> RealNvml:
             raise _init_error
         pynvml = _pynvml()
         try:
-            pynvml.nvmlInit()
+            _bounded(pynvml.nvmlInit, (), CALL_TIMEOUT_S)
+        except _Timeout:
+            _init_error = NvmlUnavailable(
+                "init_timeout", f"nvmlInit did not return within {CALL_TIMEOUT_S:g} s "
+                                "(hung GPU or driver: is nvidia-smi hanging too?)")
+            raise _init_error from None
         except pynvml.NVMLError as exc:
             _init_error = _translate_init(pynvml, exc)
             raise _init_error from exc
@@ -49,24 +73,74 @@ def _translate_init(pynvml: Any, exc: Any) -> NvmlUnavailable:
         pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "library_missing",
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
         pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+        # The user-space library and the loaded kernel module differ (upgraded, not rebooted).
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_library_mismatch",
     }
     return NvmlUnavailable(kinds.get(exc.value, "init_failed"), f"NVML init failed: {exc}")
 
 
-class RealNvml(Nvml):
-    def __init__(self, pynvml: Any) -> None:
-        self._n = pynvml
+class _Timeout(Exception):
+    pass
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        n = self._n
+
+def _bounded(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+    """Run fn(*args) on a daemon thread and wait at most timeout_s (<= 0: call directly).
+
+    NVML is thread-safe (NVML API reference, "Thread safety"), and a daemon thread stuck in
+    the kernel cannot keep the process alive at exit."""
+    if timeout_s <= 0:
+        return fn(*args)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
         try:
-            return fn(*args)
+            box["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="nvml-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Timeout
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _error_name(pynvml: Any, code: int) -> str:
+    """NVML_ERROR_NOT_READY -> "not_ready"; NVML_SUCCESS -> "success"."""
+    if code == pynvml.NVML_SUCCESS:
+        return "success"
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name[len("NVML_ERROR_"):].lower()
+    return f"error_{code}"
+
+
+class RealNvml(Nvml):
+    def __init__(self, pynvml: Any, timeout_s: float | None = None) -> None:
+        self._n = pynvml
+        self.timeout_s = CALL_TIMEOUT_S if timeout_s is None else timeout_s
+        # Scope (GPU index, or None for system calls) -> the call that never returned.
+        self._hung: dict[int | None, str] = {}
+
+    def _call(self, fn: Callable[..., Any], *args: Any, scope: int | None = None,
+              what: str | None = None) -> Any:
+        """Call one pynvml function, bounded in time, with its errors translated."""
+        n = self._n
+        label = what or str(getattr(fn, "__name__", "NVML call"))
+        if scope in self._hung:
+            raise HardwareError(f"{label}: not attempted, an earlier call "
+                                f"({self._hung[scope]}) never returned (hung GPU or driver)")
+        try:
+            return _bounded(fn, args, self.timeout_s)
+        except _Timeout:
+            self._hung[scope] = label
+            raise HardwareError(f"{label}: no answer within {self.timeout_s:g} s (hung GPU or "
+                                "driver; is nvidia-smi hanging too?)") from None
         except n.NVMLError as exc:
-            if exc.value == n.NVML_ERROR_NOT_SUPPORTED:
-                raise NotSupported(str(exc)) from exc
-            if exc.value == n.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost(str(exc)) from exc
-            raise HardwareError(str(exc)) from exc
+            raise _translate(n, exc, label) from exc
 
     def driver_version(self) -> str:
         return _text(self._call(self._n.nvmlSystemGetDriverVersion))
@@ -78,7 +152,39 @@ class RealNvml(Nvml):
         return int(self._call(self._n.nvmlDeviceGetCount))
 
     def gpu(self, index: int) -> GpuHandle:
-        return RealGpu(self, index, self._call(self._n.nvmlDeviceGetHandleByIndex, index))
+        label = f"nvmlDeviceGetHandleByIndex({index})"
+        try:
+            handle = self._call(self._n.nvmlDeviceGetHandleByIndex, index, scope=index, what=label)
+        except GpuLost:
+            raise
+        except HardwareError as exc:
+            if index in self._hung:  # a GPU that cannot even be looked up is as good as lost
+                raise GpuLost(str(exc)) from exc
+            raise
+        return RealGpu(self, index, handle)
+
+
+def _translate(n: Any, exc: Any, label: str) -> HardwareError:
+    code = exc.value
+    err: HardwareError
+    if code == n.NVML_ERROR_NOT_SUPPORTED:
+        err = NotSupported(f"{label}: {exc}")
+    elif code == n.NVML_ERROR_FUNCTION_NOT_FOUND:
+        err = NotSupported(f"{label}: the driver's NVML library has no such function (driver "
+                           "older than the nvidia-ml-py bindings)")
+    elif code == n.NVML_ERROR_GPU_IS_LOST:
+        err = GpuLost(f"{label}: {exc}")
+    elif code == n.NVML_ERROR_INVALID_ARGUMENT:
+        err = InvalidArgument(f"{label}: {exc}")
+    else:
+        err = HardwareError(f"{label}: {exc}")
+    err.nvml_code = code  # type: ignore[attr-defined]
+    return err
+
+
+def nvml_code(exc: BaseException) -> int | None:
+    """The NVML return code behind a translated error (None for one NVML did not answer)."""
+    return getattr(exc, "nvml_code", None)
 
 
 def _text(value: Any) -> str:
@@ -105,10 +211,10 @@ class RealGpu(GpuHandle):
             "ecc_volatile_corrected": lambda: self._ecc(ecc[1], n.NVML_VOLATILE_ECC),
             "ecc_aggregate_uncorrected": lambda: self._ecc(ecc[0], n.NVML_AGGREGATE_ECC),
             "ecc_aggregate_corrected": lambda: self._ecc(ecc[1], n.NVML_AGGREGATE_ECC),
-            "retired_pages_sbe": lambda: len(self._c(
-                n.nvmlDeviceGetRetiredPages, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
-            "retired_pages_dbe": lambda: len(self._c(
-                n.nvmlDeviceGetRetiredPages, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
+            "retired_pages_sbe": lambda: self._retired(
+                n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+            "retired_pages_dbe": lambda: self._retired(
+                n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
             "retired_pages_pending": lambda: bool(self._c(n.nvmlDeviceGetRetiredPagesPendingStatus)),
             "remapped_rows": self._remapped_rows,
             "pcie_gen_current": lambda: int(self._c(n.nvmlDeviceGetCurrPcieLinkGeneration)),
@@ -117,7 +223,7 @@ class RealGpu(GpuHandle):
             "pcie_width_max": lambda: int(self._c(n.nvmlDeviceGetMaxPcieLinkWidth)),
             "pcie_replay_counter": lambda: int(self._c(n.nvmlDeviceGetPcieReplayCounter)),
             "clock_event_reasons": self._clock_reasons,
-            "temperature_c": lambda: int(self._c(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)),
+            "temperature_c": self._temperature,
             "temperature_slowdown_c": lambda: int(self._c(
                 n.nvmlDeviceGetTemperatureThreshold, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)),
             "temperature_shutdown_c": lambda: int(self._c(
@@ -130,13 +236,49 @@ class RealGpu(GpuHandle):
             "sm_clock_mhz": lambda: int(self._c(n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM)),
             "sm_clock_max_mhz": lambda: int(self._c(n.nvmlDeviceGetMaxClockInfo, n.NVML_CLOCK_SM)),
             "utilization_gpu": lambda: int(self._c(n.nvmlDeviceGetUtilizationRates).gpu),
+            "ecc_by_location": self._ecc_by_location,
+            "fabric_info": self._fabric_info,
+            "compute_mode": self._compute_mode,
+            "minor_number": lambda: int(self._c(n.nvmlDeviceGetMinorNumber)),
         }
 
-    def _c(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._nvml._call(fn, self._h, *args)
+    def _c(self, fn: Callable[..., Any], *args: Any, what: str | None = None) -> Any:
+        return self._nvml._call(fn, self._h, *args, scope=self.index, what=what)
+
+    def _older(self, new: str, old: str, *args: Any) -> Any:
+        """Call pynvml's `new` function; on a driver that lacks its symbol, call `old`."""
+        n = self._nvml._n
+        fn = getattr(n, new, None)
+        if fn is not None:
+            try:
+                return self._c(fn, *args)
+            except NotSupported as exc:
+                if nvml_code(exc) != n.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+        return self._c(getattr(n, old), *args)
 
     def _ecc(self, kind: int, counter: int) -> int:
         return int(self._c(self._nvml._n.nvmlDeviceGetTotalEccErrors, kind, counter))
+
+    def _retired(self, cause: int) -> int:
+        """Count of retired pages. pynvml asks the size first, then reads with a larger buffer;
+        a page retired between those two calls makes the second answer INSUFFICIENT_SIZE (NVML
+        API reference, nvmlDeviceGetRetiredPages), so the whole query is asked again."""
+        n = self._nvml._n
+        attempts = 3
+        for _ in range(attempts - 1):
+            try:
+                return len(self._c(n.nvmlDeviceGetRetiredPages, cause))
+            except HardwareError as exc:
+                if nvml_code(exc) != n.NVML_ERROR_INSUFFICIENT_SIZE:
+                    raise
+        try:
+            return len(self._c(n.nvmlDeviceGetRetiredPages, cause))
+        except HardwareError as exc:
+            if nvml_code(exc) == n.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise HardwareError(f"{exc} (the retired page count changed during each of "
+                                    f"{attempts} reads)") from exc
+            raise
 
     def _remapped_rows(self) -> dict[str, Any]:
         corr, unc, pending, failed = self._c(self._nvml._n.nvmlDeviceGetRemappedRows)
@@ -144,36 +286,137 @@ class RealGpu(GpuHandle):
                 "pending": bool(pending), "failed": bool(failed)}
 
     def _clock_reasons(self) -> int:
+        # "Throttle" was renamed "event" in driver 535; older drivers have only the old symbol.
+        return int(self._older("nvmlDeviceGetCurrentClocksEventReasons",
+                               "nvmlDeviceGetCurrentClocksThrottleReasons"))
+
+    def _temperature(self) -> int:
         n = self._nvml._n
-        fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            n.nvmlDeviceGetCurrentClocksThrottleReasons
-        return int(self._c(fn))
+        try:
+            return int(self._c(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU))
+        except NotSupported as exc:
+            # nvmlDeviceGetTemperature is deprecated for removal (pynvml: "CUDA 14.0"); a driver
+            # without it has nvmlDeviceGetTemperatureV.
+            fn = getattr(n, "nvmlDeviceGetTemperatureV", None)
+            if fn is None or nvml_code(exc) != n.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            return int(self._c(fn, n.NVML_TEMPERATURE_GPU))
 
     def _nvlink(self) -> list[dict[str, Any]]:
+        """Every NVLink the device has, with its state and DL error counters.
+
+        nvmlDeviceGetNvLinkState answers INVALID_ARGUMENT for "device or link is invalid" and
+        NOT_SUPPORTED when "the device doesn't support this feature" (nvml.h / NVML API
+        reference, NvLink methods). NVML_NVLINK_MAX_LINKS is a bound over all architectures
+        (36 in nvidia-ml-py 13): a GB200 has 18 links and the driver rejects 18..35 with
+        INVALID_ARGUMENT (NVIDIA/TensorRT-LLM#17060). So INVALID_ARGUMENT is the end of the
+        list; a NOT_SUPPORTED index is not a link of this device and is passed over; any other
+        answer (UNKNOWN, GPU_IS_LOST, NO_PERMISSION, ...) is this GPU's error, never the end.
+        """
         n = self._nvml._n
         counters = {
             "replay": n.NVML_NVLINK_ERROR_DL_REPLAY,
             "recovery": n.NVML_NVLINK_ERROR_DL_RECOVERY,
             "crc_flit": n.NVML_NVLINK_ERROR_DL_CRC_FLIT,
         }
-        links = []
+        links: list[dict[str, Any]] = []
+        first_refusal: HardwareError | None = None
         for link in range(n.NVML_NVLINK_MAX_LINKS):
+            what = f"nvmlDeviceGetNvLinkState(link {link})"
             try:
-                active = bool(self._c(n.nvmlDeviceGetNvLinkState, link))
-            except NotSupported:
-                if link == 0:
-                    raise
-                break
-            except HardwareError:  # invalid argument past the last link of this device
-                break
+                active = bool(self._c(n.nvmlDeviceGetNvLinkState, link, what=what))
+            except (InvalidArgument, NotSupported) as exc:
+                first_refusal = first_refusal or exc
+                if isinstance(exc, InvalidArgument):
+                    break
+                continue
             errors = {}
             for key, counter in counters.items():
                 try:
-                    errors[key] = int(self._c(n.nvmlDeviceGetNvLinkErrorCounter, link, counter))
-                except NotSupported:
+                    errors[key] = int(self._c(n.nvmlDeviceGetNvLinkErrorCounter, link, counter,
+                                              what=f"nvmlDeviceGetNvLinkErrorCounter(link {link}, "
+                                                   f"{key})"))
+                except NotSupported:  # e.g. DL counters on Blackwell; the state still counts
                     continue
             links.append({"link": link, "active": active, "errors": errors})
+        if not links:
+            raise NotSupported(f"no NVLink on this GPU ({first_refusal})")
         return links
+
+    def _ecc_by_location(self) -> dict[str, dict[str, int]]:
+        """nvmlDeviceGetMemoryErrorCounter per location (SRAM, DRAM). A counter the device does
+        not support is left out, and a location with none at all; nothing -> NotSupported."""
+        n = self._nvml._n
+        kinds = {"uncorrected": n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                 "corrected": n.NVML_MEMORY_ERROR_TYPE_CORRECTED}
+        scopes = {"volatile": n.NVML_VOLATILE_ECC, "aggregate": n.NVML_AGGREGATE_ECC}
+        locations = {"sram": n.NVML_MEMORY_LOCATION_SRAM, "dram": n.NVML_MEMORY_LOCATION_DRAM}
+        out: dict[str, dict[str, int]] = {}
+        refusal: NotSupported | None = None
+        for loc_name, loc in locations.items():
+            counts: dict[str, int] = {}
+            for scope_name, scope in scopes.items():
+                for kind_name, kind in kinds.items():
+                    try:
+                        counts[f"{scope_name}_{kind_name}"] = int(self._c(
+                            n.nvmlDeviceGetMemoryErrorCounter, kind, scope, loc,
+                            what=f"nvmlDeviceGetMemoryErrorCounter({loc_name}, {scope_name}, "
+                                 f"{kind_name})"))
+                    except NotSupported as exc:
+                        refusal = exc
+            if counts:
+                out[loc_name] = counts
+        if not out:
+            raise NotSupported(f"no ECC counts by location ({refusal})")
+        return out
+
+    def _fabric_info(self) -> dict[str, Any]:
+        """GPU fabric registration (NVSwitch/NVLink domain): nvmlDeviceGetGpuFabricInfoV with a
+        versioned struct where pynvml and the driver have it, else the older
+        nvmlDeviceGetGpuFabricInfo (the struct without a version field)."""
+        n = self._nvml._n
+        info: Any = None
+        v_fn = getattr(n, "nvmlDeviceGetGpuFabricInfoV", None)
+        v_struct = getattr(n, "c_nvmlGpuFabricInfoV_t", None)
+        if v_fn is not None and v_struct is not None:
+            info = v_struct()  # its constructor sets .version
+            try:
+                self._c(v_fn, ctypes.byref(info))
+            except HardwareError as exc:
+                old_driver = (n.NVML_ERROR_FUNCTION_NOT_FOUND,
+                              getattr(n, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None))
+                if nvml_code(exc) not in old_driver:
+                    raise
+                info = None
+        if info is None:
+            info = n.c_nvmlGpuFabricInfo_t()
+            self._c(n.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info))
+        states = {
+            n.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not_supported",
+            n.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
+            n.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
+            n.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+        }
+        state = int(info.state)
+        if state not in states:
+            raise HardwareError(f"GPU fabric state {state} is not one NVML documents")
+        return {"state": states[state], "status": _error_name(n, int(info.status)),
+                "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+                "clique_id": int(info.cliqueId)}
+
+    def _compute_mode(self) -> str:
+        n = self._nvml._n
+        modes = {
+            n.NVML_COMPUTEMODE_DEFAULT: "default",
+            # EXCLUSIVE_THREAD was removed (CUDA 8); a driver reporting it means one process.
+            n.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "exclusive_process",
+            n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "exclusive_process",
+            n.NVML_COMPUTEMODE_PROHIBITED: "prohibited",
+        }
+        mode = int(self._c(n.nvmlDeviceGetComputeMode))
+        if mode not in modes:
+            raise HardwareError(f"compute mode {mode} is not one NVML documents")
+        return modes[mode]
 
     def query(self, field_name: str) -> Any:
         try:
