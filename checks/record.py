@@ -59,7 +59,7 @@ KERNEL_LOG_RE = re.compile(r"NVRM|\bS?Xid\b|\bAER\b|nvidia|nvswitch|nvlink|falle
                            r"PCIe Bus Error|mlx5.*(bandwidth|PCIe)|^-- ", re.IGNORECASE)
 KERNEL_LOG_MAX = 300
 # Fields a GPU answers with something of its own: never moved into gpu_defaults.
-IDENTITY = {"pci_bus_id", "uuid", "serial", "minor_number", "lost", "nvml_visible"}
+IDENTITY = {"pci_bus_id", "uuid", "serial", "lost", "nvml_visible"}
 CALL_TIMEOUT_S = 30.0
 
 
@@ -203,7 +203,7 @@ class Recorder:
                                             functools.partial(hw.service_state, unit))
                             for unit in SERVICES}
         host["kernel_log"] = self.kernel_log()
-        host["env"] = self.fact("environ", lambda: _environment(hw.environ()))
+        host["env"] = self.fact("environ", lambda: environment(hw.environ()))
         host["virtualization"] = self.fact("virtualization", hw.virtualization)
         host["container"] = self.fact("container", hw.container)
         host["device_nodes"] = self.fact("gpu_device_nodes", hw.gpu_device_nodes)
@@ -390,7 +390,7 @@ def _one_line(exc: BaseException) -> str:
     return text if isinstance(exc, HardwareError) else f"{type(exc).__name__}: {text}"
 
 
-def _environment(environ: Any) -> dict[str, str]:
+def environment(environ: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in sorted(dict(environ).items())
             if str(k).startswith(ENV_PREFIXES) or SLURM_GPU_RE.match(str(k))}
 

@@ -154,7 +154,8 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
     for key in ("cpu_count", "shm_bytes"):
         value = (data.get("host") or {}).get(key)
-        if value is not None and (not isinstance(value, int) or value < 0):
+        failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
+        if value is not None and not failed and (not isinstance(value, int) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
 
 
