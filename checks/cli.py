@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m checks",
         description="Verify that this host can train with PyTorch on its NVIDIA GPUs.",
         epilog="Exit status: 0 all checks PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or "
-               "configuration. Docs: README.md (checks, scenario format, report schema).")
+               "configuration. Docs: README.md (checks, scenario format, report schema). "
+               "`python -m checks record FILE` writes this machine as a scenario "
+               "(docs/recording.md).")
     p.add_argument("--level", choices=registry.LEVELS, default="standard",
                    help="quick: inventory and health (seconds); standard: adds collectives, "
                         "DataLoader, compute and the acceptance training jobs; burn-in: adds "
@@ -210,6 +212,11 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"]:  # `python -m checks record FILE`: checks/record.py
+        from . import record
+
+        return record.main(argv[1:])
     args = cliutil.parse(build_parser(), argv)
     if isinstance(args, int):
         return args

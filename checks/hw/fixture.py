@@ -39,7 +39,9 @@ DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
 TORCH_KEYS = {"version", "cuda", "cuda_available", "device_count", "arch_list", "nccl", "cudnn",
-              "error"}
+              "error", "capabilities", "device_names"}
+# An `nvswitches:` entry is an address, or a mapping with the PCI facts of that switch.
+NVSWITCH_KEYS = {"address", "pci_device_id", "numa_node", "link", "pci_path"}
 NVML_KINDS = {"ok", "library_missing", "driver_not_loaded", "bindings_missing", "init_failed",
               "no_permission"}
 NVSWITCH_DEVICE_ID = 0x22A3
@@ -134,6 +136,11 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
     check_keys("torch", data.get("torch"), TORCH_KEYS)
     gpu_keys = set(GPU_FIELDS) | GPU_PCI_KEYS
     check_keys("gpu_defaults", data.get("gpu_defaults"), gpu_keys)
+    for i, switch in enumerate(data.get("nvswitches") or []):
+        if isinstance(switch, dict):
+            check_keys(f"nvswitches[{i}]", switch, NVSWITCH_KEYS)
+            if not switch.get("address"):
+                raise ScenarioError(f"{path}: nvswitches[{i}] has no address")
     gpus = data.get("gpus", [])
     if not isinstance(gpus, list):
         raise ScenarioError(f"{path}: 'gpus' must be a list")
@@ -147,7 +154,8 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
     for key in ("cpu_count", "shm_bytes"):
         value = (data.get("host") or {}).get(key)
-        if value is not None and (not isinstance(value, int) or value < 0):
+        failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
+        if value is not None and not failed and (not isinstance(value, int) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
 
 
@@ -179,6 +187,12 @@ class FixtureGpu(GpuHandle):
         if field_name == "nvlink" and isinstance(value, dict):
             return _expand_nvlink(value)
         return value
+
+
+def _capability(value: Any) -> tuple[int, int]:
+    """"9.0" or [9, 0] -> (9, 0)."""
+    major, minor = str(value).split(".") if isinstance(value, str) else value
+    return int(major), int(minor)
 
 
 def _expand_nvlink(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -246,9 +260,16 @@ class FixtureBackend(Backend):
                 max_link_speed=link.get("max_speed"), current_link_width=link.get("width"),
                 max_link_width=link.get("max_width"),
                 pci_path=tuple(str(b) for b in gpu.get("pci_path") or ())))
-        for address in self.scenario.get("nvswitches") or []:
-            devices.append(PciDevice(address=address, vendor=0x10DE, device=NVSWITCH_DEVICE_ID,
-                                     class_code=0x068000, driver="nvidia-nvswitch"))
+        for entry in self.scenario.get("nvswitches") or []:
+            spec = entry if isinstance(entry, dict) else {"address": entry}
+            link = spec.get("link") or {}
+            devices.append(PciDevice(
+                address=str(spec["address"]), vendor=0x10DE,
+                device=int(spec.get("pci_device_id", NVSWITCH_DEVICE_ID)), class_code=0x068000,
+                driver="nvidia-nvswitch", numa_node=spec.get("numa_node"),
+                current_link_speed=link.get("speed"), max_link_speed=link.get("max_speed"),
+                current_link_width=link.get("width"), max_link_width=link.get("max_width"),
+                pci_path=tuple(str(b) for b in spec.get("pci_path") or ())))
         return sorted(devices, key=lambda d: d.address)
 
     def _nvml_kind(self) -> str:
@@ -271,7 +292,7 @@ class FixtureBackend(Backend):
                 f"Release Build  (scenario)")
 
     def loaded_modules(self) -> set[str]:
-        return set(self._host.get("modules", []))
+        return set(_value(self._host.get("modules", [])))
 
     def module_signer(self, module: str) -> str | None:
         return (self._host.get("module_signers") or {}).get(module)
@@ -316,6 +337,8 @@ class FixtureBackend(Backend):
 
     def gpu_device_nodes(self) -> set[int] | None:
         nodes = self._host.get("device_nodes")
+        if nodes is None and "device_nodes" in self._host:
+            return None  # written as null: /dev could not be listed (a recording says so)
         if nodes is not None:
             return {int(n) for n in nodes}
         if self._nvml_kind() != "ok" and "nvidia" not in self.loaded_modules():
@@ -336,11 +359,15 @@ class FixtureBackend(Backend):
             info.device_count = int(spec["device_count"])
         elif info.cuda_available:
             info.device_count = len(self._torch_visible())
+        # Given (a recording of torch's own answers) or derived from the GPUs torch sees.
+        info.capabilities = [_capability(c) for c in info.capabilities]
         if info.cuda_available:
             gpus = self._torch_visible()[: info.device_count]
-            info.capabilities = [FixtureGpu(i, g).query("compute_capability")
-                                 for i, g in enumerate(gpus) if "compute_capability" in g]
-            info.device_names = [str(g.get("name", "")) for g in gpus]
+            if "capabilities" not in spec:
+                info.capabilities = [FixtureGpu(i, g).query("compute_capability")
+                                     for i, g in enumerate(gpus) if "compute_capability" in g]
+            if "device_names" not in spec:
+                info.device_names = [str(g.get("name", "")) for g in gpus]
         return info
 
     def _torch_visible(self) -> list[dict[str, Any]]:
