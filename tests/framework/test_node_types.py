@@ -19,7 +19,7 @@ from checks.hw.fixture import shipped
 
 # --import-mode=importlib puts no test directory on sys.path (as in tests/e2e/conftest.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scenario_verdict import W, Case, assert_report_consistent, by_pci, run, verdict_problems  # noqa: E402
+from scenario_verdict import Case, W, assert_report_consistent, by_pci, run, verdict_problems
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "checks" / "scenarios"
 LOST = "0000:5d:00.0"
