@@ -22,6 +22,8 @@ def measurement(name: str, measurements: Mapping[str, Any], gpus: list[tuple[int
     if name not in measurements:
         raise NotSupported(f"the scenario has no measurements.{name}")
     raw = measurements[name]
+    excluded = {str(p).lower() for p in params.get("exclude_pci") or ()}
+    gpus = [(i, pci) for i, pci in gpus if pci.lower() not in excluded]  # never touched
     build = BUILDERS.get(name)
     if build is None:
         raise NotSupported(f"unknown workload {name!r}")
