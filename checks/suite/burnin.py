@@ -153,6 +153,7 @@ def burn_in(ctx: Context) -> Iterator[Result]:
     slow = rules.stragglers({i: float(d["tflops"]) for i, d in rows.items() if d}, straggler_pct)
     floor = throughput_floor(ctx, str(m["dtype"]))
     min_util = float(p.get("burn_in.load_utilization_min", 50))
+    sampler_errors = [str(x["error"]) for x in m.get("samples", []) if "error" in x]
 
     def measure(gpu: Any) -> Result:
         index = int(gpu.device.index or 0)
@@ -216,6 +217,9 @@ def burn_in(ctx: Context) -> Iterator[Result]:
             why = ("NVML gave no sample while it ran" if not samples else
                    f"none of its {len(samples)} NVML sample(s) saw it under load (utilization "
                    f">= {min_util:g} %, with a clock or throttle reading)")
+            if sampler_errors:
+                why += f" ({len(sampler_errors)} sampling error(s), first: {sampler_errors[0]})"
+                details["sampler_errors"] = sampler_errors[:10]
             return error(f"{text}; clocks and throttling under load not measured: {why}",
                          value=tflops, unit="TFLOP/s", expected=expected, details=details,
                          remedy="check that NVML answers while the GPUs are busy (driver-loaded, "
