@@ -161,7 +161,8 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
     expected_access = access_expected or {}
     no_access = [(i, j) for i in range(n) for j in range(n)
                  if i != j and not m["access"][i][j]]
-    below = {k: v for k, v in pairs.items() if thresholds.get(k) and v < thresholds[k].value}
+    floor_of = {k: t for k, t in thresholds.items() if t is not None}
+    below = {k: v for k, v in pairs.items() if k in floor_of and v < floor_of[k].value}
 
     def name(k: Pair) -> str:
         return f"{names[k[0]]}->{names[k[1]]} ({classes.get(k, topology.UNKNOWN)})"
@@ -169,15 +170,15 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
     figures: dict[str, float] = {
         "p2p_min_gbs": round(min(pairs.values(), default=0.0), 2),
         "p2p_median_gbs": round(_median(list(pairs.values())), 2)}
-    for cls, s in summary.items():
-        figures[f"p2p_{cls.replace('-', '_')}_median_gbs"] = s["median_gbs"]
+    for cls, entry in summary.items():
+        figures[f"p2p_{cls.replace('-', '_')}_median_gbs"] = entry["median_gbs"]
     details: dict[str, Any] = {
         "access": m["access"], "bandwidth_gbs": bw, "pci": m.get("pci"), "bytes": m.get("bytes"),
         "pairs": [{"src": names[i], "dst": names[j], "class": classes.get((i, j)),
                    "gbs": round(pairs[(i, j)], 2) if (i, j) in pairs else None,
                    "access": bool(m["access"][i][j]),
-                   "floor_gbs": round(thresholds[(i, j)].value, 2)  # type: ignore[union-attr]
-                   if thresholds.get((i, j)) else None}
+                   "floor_gbs": round(floor_of[(i, j)].value, 2) if (i, j) in floor_of
+                   else None}
                   for i in range(n) for j in range(n) if i != j],
         "classes": summary, "straggler_pct": straggler_pct,
         "threshold_sources": sorted({t.source for t in thresholds.values() if t}),
@@ -187,16 +188,16 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
     if missing:
         problems.append(f"no peer access for {', '.join(name(k) for k in missing[:8])}")
     for k, v in sorted(below.items())[:8]:
-        t = thresholds[k]
-        problems.append(f"{name(k)} {v:.1f} GB/s below {t.value:.1f} ({t.source})")  # type: ignore[union-attr]
+        t = floor_of[k]
+        problems.append(f"{name(k)} {v:.1f} GB/s below {t.value:.1f} ({t.source})")
     for k, s in sorted(slow.items())[:8]:
         if k not in below:
             problems.append(f"{name(k)} {s.value:.1f} GB/s is {s.shortfall_pct:.0f} % below the "
                             f"median of its class's other pairs ({s.peers_median:.1f})")
     details["slow_pairs"] = [f"{names[i]}-{names[j]}" for i, j in sorted(set(below) | set(slow))]
-    per_class = "; ".join(f"{cls} {s['pairs']} pair(s) {s['min_gbs']:.1f}-"
+    per_class = "; ".join(f"{cls} {e['pairs']} pair(s) {e['min_gbs']:.1f}-"
                           f"{max(v for k, v in pairs.items() if classes.get(k) == cls):.1f} GB/s"
-                          for cls, s in summary.items())
+                          for cls, e in summary.items())
     if problems:
         yield fail(f"{len(problems)} P2P problem(s): {'; '.join(problems)}",
                    value=figures["p2p_min_gbs"], unit="GB/s",

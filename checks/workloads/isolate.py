@@ -17,6 +17,7 @@ By hand (prints the result):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,10 +73,8 @@ def run_child(name: str, params: Mapping[str, Any], *, timeout_s: float,
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
