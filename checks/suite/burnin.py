@@ -1,5 +1,6 @@
-"""Burn-in: sustained identical GEMMs on every GPU, results compared bit for bit, NVML sampled
-under load (clocks, throttle reasons, temperature, power, PCIe link)."""
+"""Burn-in: sustained identical GEMMs on every GPU, results compared bit for bit, throughput
+compared across GPUs and with a floor, NVML sampled under load (clocks against the max clock,
+throttle reasons, temperature, power, PCIe link)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..context import Context
-from ..model import Result, fail, passed, skip, warn
+from ..model import Result, error, fail, passed, skip, warn
 from ..perdevice import each_gpu
 from ..registry import check
-from ..workloads import plan
+from ..workloads import plan, rules
 from .health import THROTTLE_BAD
 
 REMEDY_SDC = ("silent data corruption: drain the node, rerun the burn-in to confirm, run "
@@ -49,6 +50,31 @@ def sample_problems(samples: list[dict[str, Any]], *, pcie_gen_max: int | None,
     return failures, warnings
 
 
+def load_samples(samples: list[dict[str, Any]], min_utilization: float) -> list[dict[str, Any]]:
+    """The samples NVML answered while the GPU was busy (utilization unknown counts as busy)."""
+    usable = [x for x in samples if "error" not in x and (
+        x.get("sm_clock_mhz") is not None or x.get("clock_event_reasons") is not None)]
+    return [x for x in usable if x.get("utilization_gpu") is None
+            or float(x["utilization_gpu"]) >= min_utilization]
+
+
+def clock_problems(samples: list[dict[str, Any]], *, max_mhz: int | None, warn_fraction: float,
+                   fail_fraction: float) -> tuple[list[str], list[str], float | None]:
+    """(failures, warnings, median SM clock) from the SM clock under load vs the max clock."""
+    clocks = sorted(float(x["sm_clock_mhz"]) for x in samples if x.get("sm_clock_mhz"))
+    if not clocks or not max_mhz:
+        return [], [], None
+    median = clocks[len(clocks) // 2] if len(clocks) % 2 else \
+        (clocks[len(clocks) // 2 - 1] + clocks[len(clocks) // 2]) / 2
+    text = (f"SM clock under load {median:.0f} MHz = {median / max_mhz * 100:.0f} % of its max "
+            f"{max_mhz} MHz")
+    if median < fail_fraction * max_mhz:
+        return [f"{text} (below {fail_fraction:g} x max)"], [], median
+    if median < warn_fraction * max_mhz:
+        return [], [f"{text} (below {warn_fraction:g} x max)"], median
+    return [], [], median
+
+
 def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     def span(field: str) -> list[float] | None:
         values = [float(s[field]) for s in samples if s.get(field) is not None]
@@ -58,15 +84,33 @@ def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
                                  "pcie_gen_current", "pcie_width_current")}
 
 
+def throughput_floor(ctx: Context, dtype: str) -> rules.Threshold | None:
+    """thresholds.burnin_<dtype>_tflops, else burn_in.min_fraction x peaks.<dtype>_tflops."""
+    p = ctx.profile
+    explicit = p.get(f"thresholds.burnin_{dtype}_tflops")
+    if explicit is not None:
+        return rules.Threshold(float(explicit), f"profile {p.name} thresholds.burnin_{dtype}_tflops")
+    peak = p.get(f"peaks.{dtype}_tflops")
+    if peak is None:
+        return None
+    fraction = float(p.get("burn_in.min_fraction", 0.5))
+    return rules.Threshold(float(peak) * fraction,
+                           f"{fraction:g} x {peak:g} spec peak (profile {p.name})")
+
+
 @check("burn-in", code="BRN001",
-       title="sustained GEMM on every GPU: bit-identical results, no throttling under load",
+       title="sustained GEMM on every GPU: bit-identical results, throughput and clocks under load",
        level="burn-in", stage="burn-in", tags=("compute", "gpu", "burn-in"), timeout_s=172800)
 def burn_in(ctx: Context) -> Iterator[Result]:
-    """--duration of identical GEMMs (burn_in.n_gpu, bf16) on every GPU at once. FAIL when a GPU's
-    results differ from its own first result or from the other GPUs' (bit for bit), when NVML
-    shows thermal/HW slowdown or a narrowed PCIe link under load; WARN for a PCIe generation
-    below max or a temperature near slowdown. Samples are kept in the result. On a CPU host a
-    short CPU run (burn_in.cpu_max_s) exercises the same comparison."""
+    """--duration of identical GEMMs (burn_in.n_gpu, bf16) on every GPU at once, NVML sampled under
+    load. FAIL when a GPU's results differ from its own first result or from the other GPUs'
+    (bit for bit); when its throughput is more than straggler_pct below the other GPUs' or below
+    the floor (burn_in.min_fraction x spec peak); when NVML shows thermal/HW slowdown or power
+    brake, an SM clock under load below burn_in.clock_fail_fraction x max, or a narrowed PCIe
+    link. WARN for a clock below burn_in.clock_warn_fraction x max, a PCIe generation below max,
+    a temperature near slowdown. ERROR when NVML gave no sample under load for a GPU (clocks not
+    measured is never a PASS). On a CPU host a short CPU run (burn_in.cpu_max_s) exercises the
+    repeat comparison."""
     plat = plan.platform(ctx)
     if plat.kind == "blocked":
         yield skip(plan.BLOCKED)
@@ -74,11 +118,13 @@ def burn_in(ctx: Context) -> Iterator[Result]:
     duration = float(ctx.options.duration_s)
     if not plat.cuda:
         duration = min(duration, float(ctx.profile.get("burn_in.cpu_max_s", 5)))
+    untouched = plan.prohibited(ctx) if plat.cuda else {}
+    dtype = str(plan.setting(ctx, "burn_in.dtype", plat, "fp32"))
     m = ctx.hw.workload(
         "burn_in", device="cuda" if plat.cuda else "cpu", duration_s=duration,
-        n=int(plan.setting(ctx, "burn_in.n", plat, 1024)),
-        dtype=str(plan.setting(ctx, "burn_in.dtype", plat, "fp32")),
-        sample_interval_s=float(ctx.profile.get("burn_in.sample_interval_s", 2)))
+        n=int(plan.setting(ctx, "burn_in.n", plat, 1024)), dtype=dtype,
+        sample_interval_s=float(ctx.profile.get("burn_in.sample_interval_s", 2)),
+        exclude_pci=sorted(untouched))
     devices = m["devices"]
     if not plat.cuda:
         d = devices[0]
@@ -89,25 +135,36 @@ def burn_in(ctx: Context) -> Iterator[Result]:
                        details=details, remedy="run memtest86+; suspect RAM or CPU")
             return
         yield passed(f"CPU burn {m['duration_s']:.1f} s: {d['iterations']} GEMMs "
-                     f"{m['n']}^3 {m['dtype']}, every result bit-identical (information: no GPU)",
+                     f"{m['n']}^3 {m['dtype']}, every result bit-identical (no GPU: the CPU ran "
+                     f"it; throughput and clocks not judged)",
                      value=d["iterations"], unit="GEMMs", details=details)
         return
+    p = ctx.profile
     first_ref = majority_digest(devices, "digest_first")
     last_ref = majority_digest(devices, "digest_last")
     by_gpu: dict[int, list[dict[str, Any]]] = {}
-    for s in m.get("samples", []):
-        if "gpu" in s:
-            by_gpu.setdefault(int(s["gpu"]), []).append(s)
-    margin = int(ctx.profile.get("thermal.slowdown_margin_c", 5))
+    for x in m.get("samples", []):
+        if "gpu" in x:
+            by_gpu.setdefault(int(x["gpu"]), []).append(x)
+    margin = int(p.get("thermal.slowdown_margin_c", 5))
     run = {k: m[k] for k in ("duration_s", "n", "dtype")}
+    straggler_pct = float(p.get("straggler_pct", 10))
+    rows = {int(g.device.index or 0): plan.find_row(devices, g) for g in ctx.gpus}
+    slow = rules.stragglers({i: float(d["tflops"]) for i, d in rows.items() if d}, straggler_pct)
+    floor = throughput_floor(ctx, str(m["dtype"]))
+    min_util = float(p.get("burn_in.load_utilization_min", 50))
+    sampler_errors = [str(x["error"]) for x in m.get("samples", []) if "error" in x]
 
     def measure(gpu: Any) -> Result:
-        d = plan.find_row(devices, gpu)
+        index = int(gpu.device.index or 0)
+        d = rows.get(index)
         if d is None:
-            return skip(plan.NOT_MEASURED)
-        samples = by_gpu.get(gpu.device.index, [])
+            return skip(untouched.get((gpu.device.pci or "").lower(), plan.NOT_MEASURED))
+        samples = by_gpu.get(index, [])
+        loaded = load_samples(samples, min_util)
         details: dict[str, Any] = {"run": run, "device_result": d, "samples": samples,
-                                   "under_load": _summary(samples),
+                                   "under_load": _summary(loaded),
+                                   "samples_under_load": len(loaded),
                                    "figures": {"burnin_tflops": d["tflops"]}}
         sdc = []
         if d["mismatched_elements"]:
@@ -121,19 +178,59 @@ def burn_in(ctx: Context) -> Iterator[Result]:
             return fail("; ".join(sdc), value=d["mismatched_elements"], details=details,
                         expected="bit-identical results", remedy=REMEDY_SDC)
         failures, warnings = sample_problems(
-            samples, pcie_gen_max=plan.query_int(gpu, "pcie_gen_max"),
+            loaded, pcie_gen_max=plan.query_int(gpu, "pcie_gen_max"),
             pcie_width_max=plan.query_int(gpu, "pcie_width_max"),
             slowdown_c=plan.query_int(gpu, "temperature_slowdown_c"), margin_c=margin)
-        text = (f"{d['iterations']} GEMMs in {m['duration_s']:.0f} s, {d['tflops']:.0f} TFLOP/s, "
+        max_mhz = plan.query_int(gpu, "sm_clock_max_mhz")
+        f_clk, w_clk, median_mhz = clock_problems(
+            loaded, max_mhz=max_mhz,
+            warn_fraction=float(p.get("burn_in.clock_warn_fraction", 0.7)),
+            fail_fraction=float(p.get("burn_in.clock_fail_fraction", 0.5)))
+        failures += f_clk
+        warnings += w_clk
+        if median_mhz is not None:
+            details["figures"]["burnin_sm_clock_mhz"] = median_mhz
+            details["sm_clock_max_mhz"] = max_mhz
+        tflops = float(d["tflops"])
+        if floor is not None and tflops < floor.value:
+            failures.append(f"throughput {tflops:.0f} TFLOP/s below {floor.value:.0f} "
+                            f"({floor.source})")
+        if index in slow:
+            s = slow[index]
+            failures.append(f"straggler: {tflops:.0f} TFLOP/s is {s.shortfall_pct:.0f} % below "
+                            f"the median of the other GPUs ({s.peers_median:.0f}; limit "
+                            f"{straggler_pct:g} %)")
+        text = (f"{d['iterations']} GEMMs in {m['duration_s']:.0f} s, {tflops:.0f} TFLOP/s, "
                 f"bit-identical across GPUs")
+        if median_mhz is not None:
+            text += f", SM {median_mhz:.0f} of {max_mhz} MHz under load"
+        expected = (f"bit-identical; within {straggler_pct:g} % of the other GPUs"
+                    + (f"; >= {floor.value:.0f} TFLOP/s" if floor else "")
+                    + "; no thermal/HW slowdown under load")
         if failures:
-            return fail(f"{text}; but {'; '.join(failures)}", value=d["tflops"], unit="TFLOP/s",
-                        details=details,
-                        remedy="check cooling and power delivery for this GPU; a link that "
-                               "narrows under load needs reseating or an RMA")
+            return fail(f"{text}; but {'; '.join(failures)}", value=tflops, unit="TFLOP/s",
+                        expected=expected, details=details,
+                        remedy="check cooling, power delivery and clock-throttle for this GPU; a "
+                               "GPU slow with normal clocks, or a link that narrows under load, "
+                               "needs reseating or an RMA")
+        if not loaded:
+            why = ("NVML gave no sample while it ran" if not samples else
+                   f"none of its {len(samples)} NVML sample(s) saw it under load (utilization "
+                   f">= {min_util:g} %, with a clock or throttle reading)")
+            if sampler_errors:
+                why += f" ({len(sampler_errors)} sampling error(s), first: {sampler_errors[0]})"
+                details["sampler_errors"] = sampler_errors[:10]
+            return error(f"{text}; clocks and throttling under load not measured: {why}",
+                         value=tflops, unit="TFLOP/s", expected=expected, details=details,
+                         remedy="check that NVML answers while the GPUs are busy (driver-loaded, "
+                                "nvml checks) and rerun; a burn-in without samples proves only "
+                                "the results")
+        if max_mhz is None or median_mhz is None:
+            warnings.append("SM clock under load not judged (NVML gives no clock or max clock)")
         if warnings:
-            return warn(f"{text}; {'; '.join(warnings)}", value=d["tflops"], unit="TFLOP/s",
-                        details=details, remedy="check cooling and the PCIe slot/riser")
-        return passed(text, value=d["tflops"], unit="TFLOP/s", details=details)
+            return warn(f"{text}; {'; '.join(warnings)}", value=tflops, unit="TFLOP/s",
+                        expected=expected, details=details,
+                        remedy="check cooling and the PCIe slot/riser")
+        return passed(text, value=tflops, unit="TFLOP/s", expected=expected, details=details)
 
     yield from each_gpu(ctx, measure)

@@ -142,7 +142,18 @@ def nccl_allreduce(ctx: Context) -> Result:
     nproc = ctx.options.nproc or (plat.devices if plat.cuda
                                   else int(ctx.profile.get("collective.nproc_cpu", 2)))
     if nproc < 2:
-        return skip("a single GPU has nobody to talk to (use --nproc to force a run)")
+        return skip("a single GPU has nobody to talk to" if plat.cuda
+                    else "one rank has nobody to talk to (--nproc 2 or more)")
+    if plat.cuda:
+        # One rank per GPU: the ranks are the only processes with a CUDA context (this process
+        # creates none), so EXCLUSIVE_PROCESS GPUs are fine unless ranks would have to share.
+        per_gpu = -(-nproc // plat.devices)
+        gate = plan.compute_mode_gate(ctx, processes_per_gpu=per_gpu)
+        if gate:
+            return skip(gate)
+        if per_gpu > 1:
+            return skip(f"{nproc} ranks on {plat.devices} GPU(s): NCCL needs a GPU of its own "
+                        f"for every rank (--nproc at most {plat.devices})")
     sweep = plan.setting(ctx, "collective.sweep", plat)
     try:
         m = ctx.hw.workload(

@@ -60,7 +60,8 @@ def judge_per_gpu(values: dict[int, dict[str, float]], metrics: list[str],
 
 def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], key: str,
                  names: dict[str, str], thresholds: dict[str, rules.Threshold | None],
-                 peaks: dict[str, float | None], unit: str) -> Iterator[Result]:
+                 peaks: dict[str, float | None], unit: str,
+                 untouched: dict[str, str]) -> Iterator[Result]:
     straggler_pct = float(ctx.profile.get("straggler_pct", 10))
     by_index: dict[int, dict[str, float]] = {}
     for gpu in ctx.gpus:
@@ -76,7 +77,7 @@ def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], k
     def measure(gpu: Any) -> Result:
         index = int(gpu.device.index or 0)
         if index not in by_index:
-            return skip(plan.NOT_MEASURED)
+            return skip(untouched.get((gpu.device.pci or "").lower(), plan.NOT_MEASURED))
         problems, readings = verdicts[index]
         figures = {names[m]: round(v, 3) for m, v in by_index[index].items()}
         first = metrics[0]
@@ -99,7 +100,8 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
     """n x n x n matmul (compute.matmul_n, 8192) per dtype on every GPU, as TFLOP/s and % of the
     profile's spec peak. FAIL below compute.matmul_min_fraction x peak (or
     thresholds.matmul_<dtype>_tflops), or more than straggler_pct below the median of the other
-    GPUs. On a CPU host: fp32 GFLOP/s as information."""
+    GPUs. SKIP on a host without a GPU, with the CPU's fp32 GFLOP/s as information
+    (figure cpu_matmul_fp32_gflops): what ran there was the CPU, not a GPU."""
     plat = plan.platform(ctx)
     if plat.kind == "blocked":
         yield skip(plan.BLOCKED)
@@ -107,15 +109,17 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
     dtypes = list(plan.setting(ctx, "compute.matmul_dtypes", plat, ["fp32"]))
     n = int(plan.setting(ctx, "compute.matmul_n", plat, 1024))
     min_time = float(plan.setting(ctx, "compute.min_time_s", plat, 0.1))
+    untouched = plan.prohibited(ctx) if plat.cuda else {}
     rows = ctx.hw.workload("matmul", device="cuda" if plat.cuda else "cpu", dtypes=dtypes, n=n,
-                           min_time_s=min_time)
+                           min_time_s=min_time, exclude_pci=sorted(untouched))
     if not plat.cuda:
         tflops = rows[0]["tflops"]
-        figures = {f"matmul_{d}_gflops": round(v * 1e3, 2) for d, v in tflops.items()}
+        figures = {f"cpu_matmul_{d}_gflops": round(v * 1e3, 2) for d, v in tflops.items()}
         text = ", ".join(f"{d} {v * 1e3:.1f}" for d, v in tflops.items())
-        yield passed(f"CPU matmul {n}^3: {text} GFLOP/s (information: no GPU)",
-                     value=figures.get(f"matmul_{dtypes[0]}_gflops"), unit="GFLOP/s",
-                     details={"figures": figures, "n": n})
+        yield skip(f"no GPU on this host; measured the CPU instead: matmul {n}^3 {text} GFLOP/s "
+                   f"(information, not a GPU verdict)",
+                   value=figures.get(f"cpu_matmul_{dtypes[0]}_gflops"), unit="GFLOP/s",
+                   details={"figures": figures, "n": n, "measured_on": "cpu"})
         return
     metrics = [f"{d}_tflops" for d in dtypes]
     renamed = [{**r, "tflops": {f"{d}_tflops": v for d, v in r["tflops"].items()}} for r in rows]
@@ -123,7 +127,7 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
     peaks = {m: ctx.profile.get(f"peaks.{m}") for m in metrics}
     names = {m: f"matmul_{m}" for m in metrics}
     yield from _gpu_results(ctx, renamed, metrics, "tflops", names, thresholds, peaks,
-                            "TFLOP/s")
+                            "TFLOP/s", untouched)
 
 
 @check("gpu-membw", code="CMP002", title="device memory copy bandwidth per GPU",
@@ -131,22 +135,25 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
 def gpu_membw(ctx: Context) -> Iterator[Result]:
     """Device-to-device copy of compute.membw_bytes (2 GiB), counted read + write, per GPU.
     FAIL below thresholds.mem_bw_gbs (DCGM-style floor) or compute.membw_min_fraction x
-    peaks.mem_bw_gbs, or more than straggler_pct below the other GPUs. CPU host: information."""
+    peaks.mem_bw_gbs, or more than straggler_pct below the other GPUs. SKIP on a host without a
+    GPU, with the CPU's copy GB/s as information (figure cpu_membw_copy_gbs)."""
     plat = plan.platform(ctx)
     if plat.kind == "blocked":
         yield skip(plan.BLOCKED)
         return
     nbytes = int(plan.setting(ctx, "compute.membw_bytes", plat, 1 << 28))
     min_time = float(plan.setting(ctx, "compute.min_time_s", plat, 0.1))
+    untouched = plan.prohibited(ctx) if plat.cuda else {}
     rows = ctx.hw.workload("membw", device="cuda" if plat.cuda else "cpu", nbytes=nbytes,
-                           min_time_s=min_time)
+                           min_time_s=min_time, exclude_pci=sorted(untouched))
     if not plat.cuda:
         gbs = float(rows[0]["copy_gbs"])
-        yield passed(f"CPU memory copy {gbs:.1f} GB/s (read + write; information: no GPU)",
-                     value=round(gbs, 2), unit="GB/s",
-                     details={"figures": {"membw_copy_gbs": round(gbs, 2)}, "bytes": nbytes})
+        yield skip(f"no GPU on this host; measured the CPU instead: memory copy {gbs:.1f} GB/s "
+                   f"(read + write; information, not a GPU verdict)", value=round(gbs, 2),
+                   unit="GB/s", details={"figures": {"cpu_membw_copy_gbs": round(gbs, 2)},
+                                         "bytes": nbytes, "measured_on": "cpu"})
         return
     metric = "mem_bw_gbs"
     yield from _gpu_results(ctx, rows, [metric], "copy_gbs", {metric: "membw_copy_gbs"},
                             {metric: _absolute(ctx, metric, "compute.membw_min_fraction")},
-                            {metric: ctx.profile.get(f"peaks.{metric}")}, "GB/s")
+                            {metric: ctx.profile.get(f"peaks.{metric}")}, "GB/s", untouched)

@@ -175,11 +175,18 @@ def dataloader_scaling(ctx: Context) -> Result:
     cpus = ctx.hw.cpu_count()
     counts = scaling_counts(cpus, int(p.get("dataloader.scaling_max_workers", 32)))
     plat = plan.platform(ctx)
+    # Pinned batches are copied to the current GPU (the first one torch sees); a GPU where no
+    # process may run (compute mode PROHIBITED) leaves the pin_memory part out, with the reason.
+    banned = plan.compute_mode_gate(ctx, processes_per_gpu=1) if plat.cuda else None
     m = ctx.hw.workload("dataloader_scaling", worker_counts=counts,
                         length=int(p.get("dataloader.scaling_length", 48)),
                         rounds=int(p.get("dataloader.scaling_rounds", 200)),
-                        pin_memory=plat.cuda)
-    return judge_scaling(m, float(p.get("dataloader.saturation_fraction", 0.9)), cpus)
+                        pin_memory=plat.cuda and banned is None)
+    result = judge_scaling(m, float(p.get("dataloader.saturation_fraction", 0.9)), cpus)
+    if banned:
+        result.details["pin_memory_skipped"] = banned
+        result.message += f" (pin_memory not tried: {banned})"
+    return result
 
 
 def judge_worker_death(m: dict[str, Any]) -> Result:

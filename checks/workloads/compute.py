@@ -92,9 +92,14 @@ def copy_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 2, repeat
     return 2 * src.numel() * 4 / seconds / 1e9
 
 
-def per_gpu(measure: Callable[[torch.device], dict[str, Any]]) -> list[dict[str, Any]]:
+def per_gpu(measure: Callable[[torch.device], dict[str, Any]], *,
+            exclude_pci: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
+    """`measure` on every CUDA device but those at the PCI addresses in `exclude_pci`."""
     rows = []
+    skip = {p.lower() for p in exclude_pci}
     for i in range(torch.cuda.device_count()):
+        if (pci_of(i) or "").lower() in skip:
+            continue
         device = torch.device("cuda", i)
         with torch.cuda.device(device):
             rows.append({"index": i, "pci": pci_of(i), **measure(device)})

@@ -8,6 +8,11 @@ Result shapes (the fixture backend returns the same, see scenario.py):
 - p2p: {"count", "pci", "access": [[bool]], "bandwidth_gbs": [[GB/s | None]], "bytes"}
 - burn_in: burn.burn()'s dict; devices carry "pci", samples come from NVML
 - dataloader_workers / dataloader_scaling / dataloader_worker_death: dataloader.py's dicts
+
+`exclude_pci` (matmul, membw, burn_in): PCI addresses of GPUs not to touch (compute mode
+PROHIBITED). Everything that creates a CUDA context runs in a child process (isolate.py): the
+supervising process never holds one, so GPUs in compute mode EXCLUSIVE_PROCESS stay free for
+the next check's processes.
 """
 
 from __future__ import annotations
@@ -22,20 +27,49 @@ SAMPLE_FIELDS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c", "power_
                  "pcie_gen_current", "pcie_width_current", "utilization_gpu")
 
 
+# Hard deadline of a measurement's child process, a little inside its check's timeout (the
+# runner abandons a check at its timeout but cannot kill what it started).
+CHILD_TIMEOUT_S = {"matmul": 1750.0, "membw": 870.0, "p2p": 870.0, "dataloader_scaling": 870.0}
+BURN_IN_MARGIN_S = 600.0
+
+
+def needs_child(name: str, params: dict[str, Any]) -> bool:
+    """True for measurements that create a CUDA context."""
+    if name in ("matmul", "membw", "burn_in"):
+        return params.get("device") == "cuda"
+    if name == "dataloader_scaling":
+        return bool(params.get("pin_memory"))
+    return name == "p2p"
+
+
+def child_timeout(name: str, params: dict[str, Any]) -> float:
+    if name == "burn_in":
+        return float(params.get("duration_s", 600)) + BURN_IN_MARGIN_S
+    return CHILD_TIMEOUT_S.get(name, 870.0)
+
+
 def run(hw: Backend, name: str, **params: Any) -> Any:
     handler = HANDLERS.get(name)
     if handler is None:
         raise NotSupported(f"unknown workload {name!r}")
+    if needs_child(name, params):
+        from . import isolate
+
+        return isolate.run_child(name, params, timeout_s=child_timeout(name, params))
     return handler(hw, **params)
 
 
-def _devices(kind: str) -> list[Any]:
+def _devices(kind: str, exclude_pci: list[str] | tuple[str, ...] = ()) -> list[Any]:
     import torch
 
     if kind == "cuda":
+        from .compute import pci_of
+
         if not torch.cuda.is_available():
             raise HardwareError("torch.cuda.is_available() is False on a GPU host")
-        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        skip = {p.lower() for p in exclude_pci}
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())
+                if (pci_of(i) or "").lower() not in skip]
     return [torch.device("cpu")]
 
 
@@ -46,24 +80,25 @@ def _collectives(hw: Backend, **params: Any) -> dict[str, Any]:
 
 
 def _matmul(hw: Backend, *, device: str, dtypes: list[str], n: int,
-            min_time_s: float = 0.1) -> list[dict[str, Any]]:
+            min_time_s: float = 0.1, exclude_pci: list[str] | None = None
+            ) -> list[dict[str, Any]]:
     from . import compute
 
     if device == "cuda":
         return compute.per_gpu(lambda d: {"device": str(d), "tflops": compute.matmul(
-            d, dtypes, n, min_time_s=min_time_s)})
+            d, dtypes, n, min_time_s=min_time_s)}, exclude_pci=exclude_pci or ())
     cpu = _devices("cpu")[0]
     return [{"index": None, "pci": None, "device": "cpu",
              "tflops": compute.matmul(cpu, dtypes, n, warmup=1, min_time_s=min_time_s)}]
 
 
-def _membw(hw: Backend, *, device: str, nbytes: int, min_time_s: float = 0.1
-           ) -> list[dict[str, Any]]:
+def _membw(hw: Backend, *, device: str, nbytes: int, min_time_s: float = 0.1,
+           exclude_pci: list[str] | None = None) -> list[dict[str, Any]]:
     from . import compute
 
     if device == "cuda":
         return compute.per_gpu(lambda d: {"device": str(d), "copy_gbs": compute.copy_bandwidth(
-            d, nbytes, min_time_s=min_time_s)})
+            d, nbytes, min_time_s=min_time_s)}, exclude_pci=exclude_pci or ())
     cpu = _devices("cpu")[0]
     return [{"index": None, "pci": None, "device": "cpu",
              "copy_gbs": compute.copy_bandwidth(cpu, nbytes, warmup=1, min_time_s=min_time_s)}]
@@ -99,10 +134,13 @@ def _nvml_sampler(hw: Backend) -> Callable[[], list[dict[str, Any]]] | None:
 
 
 def _burn_in(hw: Backend, *, device: str, duration_s: float, n: int, dtype: str,
-             sample_interval_s: float = 2.0) -> dict[str, Any]:
+             sample_interval_s: float = 2.0, exclude_pci: list[str] | None = None
+             ) -> dict[str, Any]:
     from . import burn, compute
 
-    devices = _devices(device)
+    devices = _devices(device, exclude_pci or ())
+    if not devices:
+        raise HardwareError("no GPU left to burn in (every GPU excluded)")
     sampler = _nvml_sampler(hw) if device == "cuda" else None
     result = burn.burn(devices, duration_s=duration_s, n=n, dtype=dtype, sampler=sampler,
                        sample_interval_s=sample_interval_s)

@@ -73,3 +73,58 @@ def query_int(gpu: Gpu, field: str) -> int | None:
     except HardwareError:
         return None
     return int(value) if value is not None else None
+
+
+# nvmlDeviceGetComputeMode: "default" lets any number of processes use a GPU;
+# "exclusive_process" one process (with any number of threads); "prohibited" none.
+EXCLUSIVE, PROHIBITED = "exclusive_process", "prohibited"
+
+
+def compute_mode(gpu: Gpu) -> str | None:
+    """The GPU's compute mode, None when NVML cannot say (not supported, lost)."""
+    try:
+        value = gpu.handle.query("compute_mode")
+    except HardwareError:
+        return None
+    return str(value).lower() if value is not None else None
+
+
+def _names(gpus: list[Gpu]) -> str:
+    return ", ".join(f"GPU{g.device.index}" + (f" ({g.device.pci})" if g.device.pci else "")
+                     for g in gpus)
+
+
+def prohibited(ctx: Context) -> dict[str, str]:
+    """PCI address -> SKIP reason for every GPU whose compute mode is PROHIBITED."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return {}
+    return {str(g.device.pci).lower(): prohibited_reason([g]) for g in gpus
+            if g.device.pci and compute_mode(g) == PROHIBITED}
+
+
+def prohibited_reason(gpus: list[Gpu]) -> str:
+    return (f"compute mode PROHIBITED on {_names(gpus)}: no process may create a CUDA context "
+            f"there, so nothing can be measured (the compute-mode check FAILs it)")
+
+
+def compute_mode_gate(ctx: Context, *, processes_per_gpu: int) -> str | None:
+    """Why a check that uses every GPU together (P2P, collectives) cannot run under the GPUs'
+    compute modes, or None. The checks' own processes never share a GPU unless
+    processes_per_gpu > 1: the supervising process creates no CUDA context (measurements run
+    in a child, collectives under torchrun)."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return None
+    banned = [g for g in gpus if compute_mode(g) == PROHIBITED]
+    if banned:
+        return prohibited_reason(banned)
+    if processes_per_gpu > 1:
+        exclusive = [g for g in gpus if compute_mode(g) == EXCLUSIVE]
+        if exclusive:
+            return (f"needs {processes_per_gpu} processes on one GPU, but {_names(exclusive)} "
+                    f"is in compute mode EXCLUSIVE_PROCESS (one process per GPU): running it "
+                    f"would fail for the mode, not the hardware")
+    return None

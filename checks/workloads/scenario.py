@@ -22,6 +22,9 @@ def measurement(name: str, measurements: Mapping[str, Any], gpus: list[tuple[int
     if name not in measurements:
         raise NotSupported(f"the scenario has no measurements.{name}")
     raw = measurements[name]
+    excluded = {str(p).lower() for p in params.get("exclude_pci") or ()}
+    # Excluded GPUs keep their place (indices stay) but get no entry: never touched.
+    gpus = [(i, "" if pci.lower() in excluded else pci) for i, pci in gpus]
     build = BUILDERS.get(name)
     if build is None:
         raise NotSupported(f"unknown workload {name!r}")
@@ -35,6 +38,8 @@ def per_gpu(raw: Any, gpus: list[tuple[int, str]]) -> list[tuple[int, str, Any]]
     default = raw.get("default")
     rows = []
     for nvml_index, (scenario_index, pci) in enumerate(gpus):
+        if not pci:
+            continue  # excluded from the measurement (compute mode PROHIBITED)
         entry = raw.get(scenario_index, raw.get(str(scenario_index)))
         if isinstance(default, Mapping) and isinstance(entry, Mapping):
             entry = {**default, **entry}

@@ -72,18 +72,23 @@ def _p2p(n: int, gbs: float, **pairs: float) -> dict[str, Any]:
     return {"count": n, "access": [[True] * n for _ in range(n)], "bandwidth_gbs": bw}
 
 
+def _nvlink(n: int) -> dict[tuple[int, int], str]:
+    return {(i, j): "nvlink" for i in range(n) for j in range(n) if i != j}
+
+
 def test_p2p_names_a_slow_pair_and_passes_a_healthy_matrix() -> None:
-    (ok,) = judge_p2p(_p2p(4, 368.0), rules.Threshold(270, "derived"), 10, True)
+    floor = dict.fromkeys(_nvlink(4), rules.Threshold(270, "derived"))
+    (ok,) = judge_p2p(_p2p(4, 368.0), _nvlink(4), floor, 10)
     assert ok.status is Status.PASS
-    (bad,) = judge_p2p(_p2p(4, 368.0, p2_1=120.0), rules.Threshold(270, "derived"), 10, True)
-    assert bad.status is Status.FAIL and "GPU2->GPU1 120 GB/s below 270" in bad.message
-    (slow,) = judge_p2p(_p2p(4, 368.0, p0_3=300.0), None, 10, True)
+    (bad,) = judge_p2p(_p2p(4, 368.0, p2_1=120.0), _nvlink(4), floor, 10)
+    assert bad.status is Status.FAIL and "GPU2->GPU1 (nvlink) 120.0 GB/s below 270.0" in bad.message
+    (slow,) = judge_p2p(_p2p(4, 368.0, p0_3=300.0), _nvlink(4), {}, 10)
     assert slow.status is Status.FAIL and "GPU0->GPU3" in slow.message
     m = _p2p(2, 25.0)
     m["access"][0][1] = False
-    (no_access,) = judge_p2p(m, None, 10, peer_access_expected=True)
-    assert no_access.status is Status.FAIL and "no peer access for 0->1" in no_access.message
-    (pcie,) = judge_p2p(m, None, 10, peer_access_expected=False)
+    (no_access,) = judge_p2p(m, _nvlink(2), {}, 10, access_expected=dict.fromkeys(_nvlink(2), True))
+    assert no_access.status is Status.FAIL and "no peer access for GPU0->GPU1" in no_access.message
+    (pcie,) = judge_p2p(m, _nvlink(2), {}, 10, access_expected=dict.fromkeys(_nvlink(2), False))
     assert pcie.status is Status.PASS
 
 

@@ -66,3 +66,31 @@ def test_gpu_burn_is_bit_identical_across_devices_with_nvml_samples() -> None:
 def test_cpu_and_gpu_burn_share_the_comparison() -> None:
     m = burn.burn([torch.device("cuda", 0)], duration_s=0.5, n=512, dtype="fp16")
     assert m["devices"][0]["iterations"] > 1
+
+
+SUPERVISOR = """
+import os, pynvml
+from checks.hw.linux import LinuxBackend
+from checks.workloads import local
+hw = LinuxBackend()
+assert hw.torch().cuda_available
+local.run(hw, "matmul", device="cuda", dtypes=["fp32"], n=512, min_time_s=0.01)
+local.run(hw, "membw", device="cuda", nbytes=1 << 24, min_time_s=0.01)
+pynvml.nvmlInit()
+pids = {p.pid for i in range(pynvml.nvmlDeviceGetCount())
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
+print("SUPERVISOR-HOLDS-CONTEXT" if os.getpid() in pids else "SUPERVISOR-CLEAN")
+"""
+
+
+def test_supervising_process_holds_no_cuda_context_after_measuring() -> None:
+    # What keeps EXCLUSIVE_PROCESS GPUs free for the ranks of the next check: reading torch's
+    # view and measuring (in a child) leave this process without a context on any GPU.
+    import os
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", SUPERVISOR], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": root})
+    assert "SUPERVISOR-CLEAN" in out.stdout, out.stdout + out.stderr

@@ -1,0 +1,68 @@
+"""Path class of a GPU pair, from what the hardware layer reports (pure; tested on fixtures).
+
+A copy GPU i -> GPU j takes one of four kinds of path, and healthy bandwidths differ by class,
+so the P2P straggler rule compares a pair only with pairs of its own class:
+
+- `nvlink`: both GPUs have active NVLinks and an NVSwitch is on the PCI bus, or a link of one
+  GPU names the other as its remote end (an NVLink bridge pair);
+- `pcie-switch`: their PCI paths share a bridge below the root port (one PCIe switch; nvidia-smi
+  topo prints PIX/PXB);
+- `same-socket`: same NUMA node, different switches or root ports (NODE/PHB);
+- `cross-socket`: different NUMA nodes: the copy crosses the CPUs' interconnect (SYS).
+
+`unclassified` when the hardware layer says too little (no PCI path and no NUMA node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NVLINK, SWITCH, SOCKET, CROSS, UNKNOWN = (
+    "nvlink", "pcie-switch", "same-socket", "cross-socket", "unclassified")
+CLASSES = (NVLINK, SWITCH, SOCKET, CROSS, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class GpuPlace:
+    """Where one GPU sits: what the class of its pairs is derived from."""
+
+    pci: str | None
+    pci_path: tuple[str, ...] = ()  # bridges from the root port down (PciDevice.pci_path)
+    numa_node: int | None = None  # None: not read; -1: sysfs says no NUMA affinity
+    nvlinks_active: int = 0
+    # Remote PCI address of each active link, when the hardware layer gives it ("remote_pci").
+    nvlink_remotes: tuple[str, ...] = ()
+
+    def links_to(self, other: GpuPlace) -> int:
+        return sum(1 for r in self.nvlink_remotes if other.pci and r == other.pci.lower())
+
+
+def shares_switch(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """True when the two paths have a common bridge below the root port (path[0])."""
+    common = 0
+    for x, y in zip(a, b, strict=False):
+        if x.lower() != y.lower():
+            break
+        common += 1
+    return common >= 2
+
+
+def pair_class(a: GpuPlace, b: GpuPlace, *, nvswitch: bool) -> str:
+    if a.nvlinks_active and b.nvlinks_active:
+        if nvswitch:
+            return NVLINK
+        if a.links_to(b) or b.links_to(a):
+            return NVLINK
+    if a.pci_path and b.pci_path and shares_switch(a.pci_path, b.pci_path):
+        return SWITCH
+    if a.numa_node is None or b.numa_node is None:
+        return UNKNOWN
+    # -1 on both: the kernel reports no NUMA affinity (one memory node): one socket.
+    return SOCKET if a.numa_node == b.numa_node else CROSS
+
+
+def classify(places: list[GpuPlace], *, nvswitch: bool) -> dict[tuple[int, int], str]:
+    """Class of every ordered pair (i, j), i != j, of `places` (indices into the list)."""
+    n = len(places)
+    return {(i, j): pair_class(places[i], places[j], nvswitch=nvswitch)
+            for i in range(n) for j in range(n) if i != j}

@@ -1,0 +1,129 @@
+"""Compute modes: EXCLUSIVE_PROCESS causes no false FAIL (one process per GPU, the supervisor
+holds no CUDA context); PROHIBITED GPUs are left alone and SKIPped with the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checks.hw.fixture import FixtureBackend
+from checks.workloads import local
+
+WORKLOAD = ["nccl-allreduce", "p2p-bandwidth", "gpu-matmul", "gpu-membw", "dataloader-scaling",
+            "burn-in"]
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in report["checks"]}
+
+
+def test_exclusive_process_gpus_pass_every_workload_check(run_cli: Any) -> None:
+    code, report = run_cli("--simulate", "workload-compute-exclusive", "--level", "burn-in")
+    checks = by_id(report)
+    assert {i: checks[i]["status"] for i in WORKLOAD} == dict.fromkeys(WORKLOAD, "PASS")
+    assert checks["nccl-allreduce"]["results"][0]["details"]["world_size"] == 8
+    assert code == 0
+
+
+def test_exclusive_process_skips_a_launch_that_would_share_a_gpu(run_cli: Any) -> None:
+    _, report = run_cli("--simulate", "workload-compute-exclusive", "--only", "nccl-allreduce",
+                        "--nproc", "16")
+    (result,) = by_id(report)["nccl-allreduce"]["results"]
+    assert result["status"] == "SKIP"
+    assert "needs 2 processes on one GPU" in result["message"]
+    assert "EXCLUSIVE_PROCESS" in result["message"]
+
+
+def test_more_ranks_than_gpus_skips_in_default_mode_too(run_cli: Any) -> None:
+    _, report = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "nccl-allreduce",
+                        "--nproc", "12")
+    (result,) = by_id(report)["nccl-allreduce"]["results"]
+    assert result["status"] == "SKIP" and "NCCL needs a GPU of its own" in result["message"]
+
+
+def test_prohibited_gpu_is_skipped_with_the_reason_and_the_others_measured(run_cli: Any
+                                                                          ) -> None:
+    code, report = run_cli("--simulate", "workload-compute-prohibited", "--level", "burn-in")
+    assert code == 0
+    checks = by_id(report)
+    for check_id in ("gpu-matmul", "gpu-membw", "burn-in"):
+        rows = checks[check_id]["results"]
+        assert [r["status"] for r in rows] == ["PASS", "PASS", "SKIP"] + ["PASS"] * 5, check_id
+        assert "compute mode PROHIBITED on GPU2 (0000:3a:00.0)" in rows[2]["message"]
+    for check_id in ("nccl-allreduce", "p2p-bandwidth"):  # every GPU together: cannot run
+        (result,) = checks[check_id]["results"]
+        assert result["status"] == "SKIP" and "PROHIBITED" in result["message"]
+    scaling = checks["dataloader-scaling"]["results"][0]
+    assert scaling["status"] == "PASS" and "pin_memory not tried" in scaling["message"]
+
+
+def test_prohibited_gpu_is_never_handed_to_the_measurement() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Spy(FixtureBackend):
+        def workload(self, name: str, **params: Any) -> Any:
+            seen.append((name, params))
+            return super().workload(name, **params)
+
+    from checks import profiles
+    from checks.context import Context, Options
+    from checks.suite.compute import gpu_matmul
+
+    ctx = Context(Spy.from_file("workload-compute-prohibited"), profiles.load("h100-sxm"),
+                  Options())
+    rows = list(gpu_matmul(ctx))
+    assert seen == [("matmul", {**seen[0][1], "exclude_pci": ["0000:3a:00.0"]})]
+    assert [r.device.index for r in rows if r.status.value == "PASS"] == [0, 1, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("name,params,child", [
+    ("matmul", {"device": "cuda"}, True),
+    ("matmul", {"device": "cpu"}, False),
+    ("membw", {"device": "cuda"}, True),
+    ("burn_in", {"device": "cuda", "duration_s": 60}, True),
+    ("burn_in", {"device": "cpu"}, False),
+    ("p2p", {"nbytes": 1}, True),
+    ("dataloader_scaling", {"pin_memory": True}, True),   # pinning creates a CUDA context
+    ("dataloader_scaling", {"pin_memory": False}, False),
+    ("collectives", {}, False),                            # torchrun ranks, one per GPU
+    ("dataloader_workers", {}, False),
+])
+def test_every_cuda_measurement_runs_outside_the_supervisor(name: str, params: dict[str, Any],
+                                                            child: bool) -> None:
+    assert local.needs_child(name, params) is child
+    if name == "burn_in" and child:
+        assert local.child_timeout(name, params) == 60 + local.BURN_IN_MARGIN_S
+
+
+def test_local_run_routes_gpu_work_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks.hw.linux import LinuxBackend
+    from checks.workloads import isolate
+
+    calls: list[tuple[str, dict[str, Any], float]] = []
+    monkeypatch.setattr(isolate, "run_child", lambda name, params, timeout_s: calls.append(
+        (name, dict(params), timeout_s)) or ["from the child"])
+    out = local.run(LinuxBackend(), "membw", device="cuda", nbytes=1 << 20)
+    assert out == ["from the child"]
+    assert calls == [("membw", {"device": "cuda", "nbytes": 1 << 20}, 870.0)]
+
+
+def test_cpu_host_figures_are_information_under_skip_and_reach_the_fleet(
+        run_cli: Any, tmp_path: Any) -> None:
+    from checks.fleet import figures
+
+    scenario = tmp_path / "cpu.yaml"
+    scenario.write_text("extends: cpu-only-healthy\nmeasurements:\n"
+                        "  matmul: {cpu: {fp32: 0.0612}}\n  membw: {cpu: {copy_gbs: 9.4}}\n")
+    code, report = run_cli("--simulate", str(scenario), "--only", "gpu-matmul,gpu-membw")
+    assert code == 0
+    checks = by_id(report)
+    (matmul,) = checks["gpu-matmul"]["results"]
+    (membw,) = checks["gpu-membw"]["results"]
+    assert matmul["status"] == membw["status"] == "SKIP"
+    assert "measured the CPU instead: matmul 384^3 fp32 61.2 GFLOP/s" in matmul["message"]
+    assert matmul["details"]["measured_on"] == "cpu"
+    found = {(f.check, f.name): f.value for f in figures.extract("cpu-node", report)
+             if isinstance(f, figures.Figure)}
+    assert found == {("gpu-matmul", "cpu_matmul_fp32_gflops"): 61.2,
+                     ("gpu-membw", "cpu_membw_copy_gbs"): 9.4}
