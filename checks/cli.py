@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="driver branch (e.g. 580) or exact version the host must run")
     p.add_argument("--expect-cuda", metavar="X.Y",
                    help="minimum CUDA version the driver must support")
+    p.add_argument("--expect-nvlink", type=int, metavar="N",
+                   help="NVLink links that must be up on every GPU (default: inferred from the "
+                        "model profile, NVSwitches on the bus and the links in use; set it for "
+                        "NVLink-bridged PCIe SKUs, where a pair with every link down looks unbridged)")
     p.add_argument("--duration", type=parse_duration, default=600.0, metavar="TIME",
                    help="burn-in duration, e.g. 90s, 10m, 1h (default 10m)")
     p.add_argument("--nproc", type=int, metavar="N",
@@ -170,6 +174,7 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     profile = choose_profile(hw, args.profile)
     options = Options(level=args.level, expect_gpus=args.expect_gpus,
                       expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
+                      expect_nvlink=args.expect_nvlink,
                       duration_s=args.duration, nproc=args.nproc)
     ctx = Context(hw, profile, options)
     ctx.selected = {chk.id for chk in selected}

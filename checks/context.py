@@ -18,6 +18,7 @@ class Options:
     expect_gpus: int | None = None
     expect_driver: str | None = None  # branch ("550") or full version ("550.90.07")
     expect_cuda: str | None = None  # minimum CUDA version the driver must support ("12.4")
+    expect_nvlink: int | None = None  # NVLink links that must be up per GPU (overrides inference)
     duration_s: float = 600.0  # burn-in duration
     nproc: int | None = None  # ranks for collective/acceptance stages (default: GPUs, or 2 on CPU)
     workdir: str | None = None  # scratch space for multi-process checks

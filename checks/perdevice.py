@@ -21,9 +21,9 @@ def each_gpu(ctx: Context, measure: Callable[[Gpu], Result | list[Result]]) -> I
     for gpu in gpus:
         if gpu.lost:
             # NVML refused this GPU's handle: gpu-count fails it by name; every other check
-            # says it was not measured rather than repeating the failure.
-            yield skip("not measured: NVML answers GPU_IS_LOST for this GPU (see gpu-count)",
-                       device=gpu.device)
+            # could not measure it (ERROR), and never passes it.
+            yield error("not measured: NVML answers GPU_IS_LOST for this GPU (see gpu-count)",
+                        device=gpu.device, remedy=REMEDY_LOST)
             continue
         try:
             produced = measure(gpu)

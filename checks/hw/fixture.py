@@ -168,6 +168,33 @@ def _value(raw: Any) -> Any:
     return raw
 
 
+def _kernel_sources(spec: dict[str, Any]) -> list[str]:
+    """`kernel_log: {journalctl: ..., dmesg: ..., kmsg: ...}`: what each source answered on the
+    recorded host (text, or {rc, stdout, stderr}, or {error: why it could not run}), judged by
+    the same fallback chain the real backend uses."""
+    import subprocess
+
+    from . import kernlog
+
+    def answer(kind: str) -> Any:
+        value = spec.get(kind)
+        if value is None:
+            return kernlog._Attempt(None, "not in the scenario")
+        if isinstance(value, dict) and set(value) == {"error"}:
+            return kernlog._Attempt(None, str(value["error"]))
+        if kind == "kmsg":
+            lines = kernlog.parse_kmsg(str(value))
+            return kernlog._Attempt(lines or None, "" if lines else "no kernel records")
+        if isinstance(value, str):
+            value = {"stdout": value}
+        proc = subprocess.CompletedProcess([kind], int(value.get("rc", 0)),
+                                           str(value.get("stdout", "")), str(value.get("stderr", "")))
+        return kernlog.journal_answer(proc) if kind == "journalctl" else kernlog.dmesg_answer(proc)
+
+    return kernlog.chain([(f"{k} (scenario)", lambda k=k: answer(k))
+                          for k in ("journalctl", "dmesg", "kmsg")])
+
+
 class FixtureGpu(GpuHandle):
     def __init__(self, index: int, fields: dict[str, Any]) -> None:
         self.index = index
@@ -298,7 +325,10 @@ class FixtureBackend(Backend):
         return (self._host.get("module_signers") or {}).get(module)
 
     def kernel_log(self) -> list[str]:
-        return [str(line) for line in _value(self._host.get("kernel_log", []))]
+        raw = self._host.get("kernel_log", [])
+        if isinstance(raw, dict) and set(raw) - {"error"}:
+            return _kernel_sources(raw)
+        return [str(line) for line in _value(raw)]
 
     def os_release(self) -> dict[str, str]:
         return {k: str(v) for k, v in (self._host.get("os_release") or {}).items()}

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +57,18 @@ class _Attempt:
 def read_kernel_log(journalctl: str = "journalctl", dmesg: str = "dmesg",
                     kmsg: Path = KMSG, timeout_s: float = 30.0) -> KernelLog:
     """Kernel messages of this boot; HardwareError naming every source tried when none answers."""
-    tried: list[str] = []
-    sources = (
+    return chain((
         (f"{journalctl} {' '.join(JOURNALCTL_ARGS[:2])}",
          lambda: _journalctl(journalctl, timeout_s)),
         (f"{dmesg} {' '.join(DMESG_ARGS)}", lambda: _dmesg(dmesg, timeout_s)),
         (str(kmsg), lambda: _kmsg(kmsg)),
-    )
+    ))
+
+
+def chain(sources: Sequence[tuple[str, Callable[[], _Attempt]]]) -> KernelLog:
+    """The first source that gives lines; the fixture backend feeds recorded answers through
+    the same chain, so a scenario's "-- No entries --" is judged as on a real host."""
+    tried: list[str] = []
     for name, read in sources:
         attempt = read()
         if attempt.lines:
@@ -95,6 +101,11 @@ def _journalctl(command: str, timeout_s: float) -> _Attempt:
     proc = _run(command, JOURNALCTL_ARGS, timeout_s)
     if isinstance(proc, str):
         return _Attempt(None, proc)
+    return journal_answer(proc)
+
+
+def journal_answer(proc: subprocess.CompletedProcess[str]) -> _Attempt:
+    """What journalctl's exit status and output mean."""
     lines = [line for line in proc.stdout.splitlines() if not _JOURNAL_NOTE.match(line.strip())]
     if proc.returncode != 0:
         return _Attempt(None, f"exit {proc.returncode}: "
@@ -111,6 +122,11 @@ def _dmesg(command: str, timeout_s: float) -> _Attempt:
     proc = _run(command, DMESG_ARGS, timeout_s)
     if isinstance(proc, str):
         return _Attempt(None, proc)
+    return dmesg_answer(proc)
+
+
+def dmesg_answer(proc: subprocess.CompletedProcess[str]) -> _Attempt:
+    """What dmesg's exit status and output mean."""
     if proc.returncode != 0:
         return _Attempt(None, f"exit {proc.returncode}: "
                               f"{_first_line(proc.stderr) or 'no message'}")

@@ -302,7 +302,10 @@ def torch_arch(ctx: Context) -> Iterator[Result]:
     problems = 0
     for gpu in ctx.gpus:
         if gpu.lost:
-            continue  # named by gpu-count
+            problems += 1
+            yield error("not measured: NVML answers GPU_IS_LOST for this GPU (see gpu-count)",
+                        device=gpu.device)
+            continue
         try:
             major, minor = gpu.handle.query("compute_capability")
         except HardwareError as exc:

@@ -12,7 +12,7 @@ REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_m
             "xid.hardware", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
             "power.min_limit_fraction", "nvlink.error_warn", "straggler_pct"]
 MODELS = ["h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "a100-40gb", "a100-80gb",
-          "a100-pcie-40gb", "a100-pcie-80gb", "l40s", "l4", "a10"]
+          "a100-pcie-40gb", "a100-pcie-80gb", "l40s", "l4", "a10", "v100-sxm2"]
 
 
 def test_required_models_ship() -> None:
@@ -25,7 +25,9 @@ def test_profile_has_every_threshold(name: str) -> None:
     for key in REQUIRED:
         assert profile.get(key) is not None, f"{name} lacks {key}"
     if name != "generic":
-        assert profile.get("peaks.bf16_tflops") and profile.get("peaks.mem_bw_gbs")
+        # Volta has no bf16: its fastest tensor format (fp16) stands in.
+        assert (profile.get("peaks.bf16_tflops") or profile.get("peaks.fp16_tflops")) \
+            and profile.get("peaks.mem_bw_gbs")
         assert profile.get("match.pci_device_ids")
 
 

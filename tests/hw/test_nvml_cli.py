@@ -110,10 +110,13 @@ def test_gpu_lost_at_handle_lookup_fails_that_gpu_only(quick_run: Any) -> None:
     code, verdicts, _ = quick_run(FakeNvmlLibrary([h100(0), h100(1, lost=True)], driver=DRIVER))
     assert code == 1
     for check_id in GPU_CHECKS:
-        assert statuses(verdicts, check_id) == {ADDRESSES[0]: "PASS", ADDRESSES[1]: "FAIL"}, \
+        # gpu-count fails the lost GPU by name; the per-GPU checks could not measure it.
+        assert statuses(verdicts, check_id) == {ADDRESSES[0]: "PASS", ADDRESSES[1]: "ERROR"}, \
             (check_id, verdicts[check_id])
     lost = [m for s, pci, m in verdicts["persistence-mode"] if pci == ADDRESSES[1]]
-    assert "GPU lost" in lost[0] and "GPU is lost" in lost[0]
+    assert "GPU_IS_LOST" in lost[0]
+    named = [(s, pci) for s, pci, m in verdicts["gpu-count"] if s == "FAIL"]
+    assert ("FAIL", ADDRESSES[1]) in named
 
 
 def test_nvlink_unknown_error_at_link_3_is_that_gpus_error(quick_run: Any) -> None:
