@@ -133,7 +133,7 @@ def _unusable_gpus(device: str) -> str | None:
     if not gpus:
         return None
     return (f"{len(gpus)} NVIDIA GPU(s) on the PCI bus but torch cannot use any: "
-            f"{why_torch_cannot_use_gpus(info, backend.environ())}; fix that, or pass "
+            f"{why_torch_cannot_use_gpus(info, backend.environ(), len(gpus))}; fix that, or pass "
             "--device cpu to train on the CPU on purpose")
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 CPU_RANKS = 4  # hybrid needs 2 stages x 2 replicas; every job spans the whole world
 SHARED_RANKS = 4  # ranks sharing the GPU of a one-GPU host (the same world as on the CPU)
-# CUDA_VISIBLE_DEVICES values that hide every GPU: Slurm sets NoDevFiles when a job asked for
-# no GPU (slurm gres plugin), "" and -1 are the documented ways to hide all devices.
+# CUDA_VISIBLE_DEVICES values that hide every GPU: Slurm sets NoDevFiles for a job step given no
+# GPU (Kaldi's utils/parallel/slurm.pl unsets it for that reason), "" and -1 are the usual ways
+# to hide all devices. An index past the GPU count hides everything from that entry on
+# (thuml/Autoformer#25: CUDA_VISIBLE_DEVICES=1 on a one-GPU host, torch trained on the CPU).
 HIDING_VALUES = ("", "-1", "NoDevFiles")
 
 
@@ -79,26 +81,30 @@ def choose_nproc(requested: int | None, preference: str, cuda_count: int,
     return requested, requested > cuda_count
 
 
-def hides_every_gpu(cuda_visible_devices: str | None) -> bool:
+def hides_every_gpu(cuda_visible_devices: str | None, bus_gpus: int | None = None) -> bool:
     """True when CUDA_VISIBLE_DEVICES leaves torch no device: NoDevFiles, empty, -1, or a first
-    entry CUDA cannot parse (CUDA ignores everything from the first invalid entry on)."""
+    entry CUDA cannot use (CUDA ignores everything from the first invalid entry on), such as an
+    index >= `bus_gpus`."""
     if cuda_visible_devices is None:
         return False
     value = cuda_visible_devices.strip()
     if value in HIDING_VALUES:
         return True
     first = value.split(",")[0].strip()
-    return not (first.isdigit() or first.startswith(("GPU-", "MIG-")))
+    if first.isdigit():
+        return bus_gpus is not None and int(first) >= bus_gpus
+    return not first.startswith(("GPU-", "MIG-"))
 
 
-def why_torch_cannot_use_gpus(info: Any, environ: Mapping[str, str]) -> str:
+def why_torch_cannot_use_gpus(info: Any, environ: Mapping[str, str],
+                              bus_gpus: int | None = None) -> str:
     """Why torch sees no GPU on a host that has some on the PCI bus (`info`: a TorchInfo)."""
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if getattr(info, "error", None):
         return f"torch cannot use CUDA: {info.error}"
     if getattr(info, "cuda", None) is None:
         return f"torch {info.version} is a CPU-only build"
-    if hides_every_gpu(cvd):
+    if hides_every_gpu(cvd, bus_gpus):
         return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
     return (f"torch.cuda.is_available() is False (torch {info.version}, CUDA {info.cuda}"
             + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "") + ")")

@@ -78,7 +78,7 @@ def plan(ctx: Context) -> Plan:
     wanted = [j for j in JOBS if not ctx.selected or f"train-{j}" in ctx.selected]
     plat = workload_plan.platform(ctx)
     if plat.kind == "blocked":
-        why = why_torch_cannot_use_gpus(ctx.hw.torch(), ctx.hw.environ())
+        why = why_torch_cannot_use_gpus(ctx.hw.torch(), ctx.hw.environ(), len(ctx.pci_gpus))
         verdict = fail(f"{len(ctx.pci_gpus)} NVIDIA GPU(s) on the PCI bus but torch cannot use "
                        f"any: {why}; the training jobs would run on the CPU and prove nothing "
                        "about the GPUs", value=0, expected=f"{len(ctx.pci_gpus)} GPU(s) in torch",

@@ -81,7 +81,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
                     {"grad": g["grad"]}, {"grad": expected}, 0.0, atol)
         comparisons.append(c)
         if not c.ok:
-            bad.append(f"rank {g['rank']} on {describe(g['identity'])}: max abs diff "
+            bad.append(f"rank {g['rank']}: {describe(g['identity'])}: max abs diff "
                        f"{c.max_abs:.3g} > {atol:.3g}")
     mean_of_locals = torch.stack([g["grad"].double() for g in gathered]).mean(0)
     # the all-reduce sums `world` fp32 values: its own rounding, world x u of the largest term
