@@ -52,6 +52,8 @@ def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
         data["details"]["world_size"] = env.world_size
         data["details"]["device"] = env.placement.describe() if env.placement else str(env.device)
         data["details"]["process_groups"] = groups
+        # where NCCL's flight recorder would dump on a timeout (set by the supervisor)
+        data["details"]["flight_recorder_prefix"] = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         results[name] = data
         if rank.workdir is not None:
             _write(job_file(rank.workdir, name, env.rank), data)

@@ -77,6 +77,30 @@ def test_acceptance_shares_one_launch_and_reports_syncbn_impl(acceptance_stage: 
     assert leftovers(acceptance_stage["work"]) == []
 
 
+@pytest.mark.parametrize("job", ["single", "localize"])
+def test_every_node_trains_on_its_own_devices(acceptance_stage: dict, job: str) -> None:
+    result = acceptance_stage["results"][job]
+    assert result.status == "PASS", result.message
+    atol = result.details["tolerances"]["atol"]
+    assert 0 < result.details["max_abs_diff"] < atol  # fp32 differs from float64, within bound
+    assert [d["device"] for d in result.details["devices"]][0] == "cpu"
+    assert result.expected.startswith("every ")
+
+
+def test_every_job_ran_with_the_launch_timeout_and_left_no_group(acceptance_stage: dict) -> None:
+    """Process-group hygiene: each group a job created had the job's timeout and was destroyed
+    when the job ended (counted before destruction); the flight recorder path reached the ranks."""
+    launch = Path(acceptance_stage["work"], "acceptance", "launch-0")
+    for job, result in acceptance_stage["results"].items():
+        if result.status == "SKIP":
+            continue
+        groups = result.details["process_groups"]
+        assert groups["unknown_timeouts"] == 0, job
+        assert groups["timeouts_s"] in ([], [groups["job_timeout_s"]]), (job, groups)
+        assert result.details["flight_recorder_prefix"] == str(launch / "nccl-trace-rank-")
+    assert acceptance_stage["results"]["hybrid"].details["process_groups"]["created"] == 2
+
+
 def test_ddp_on_3_ranks_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["ddp", "--nproc", "3", "--timeout", "240"]) == cli.EXIT_PASS
     out = capsys.readouterr().out
@@ -150,8 +174,25 @@ def test_hung_rank_is_named_and_killed_within_the_stall_limit(tmp_path: Path) ->
                     report.message), report.message
     assert "'ddp/step-1'" in report.message  # the last phase it announced
     assert report.details["culprit_ranks"] == [1]
+    # gloo has no NCCL flight recorder: the message still says where its dump would be
+    assert f"NCCL flight recorder dump: none written at {tmp_path}/launch-0/nccl-trace-rank-<rank>" \
+        in report.message
     assert time.monotonic() - start < 60
     assert suite.launches[0].leftover_pids == [] and leftovers(tmp_path) == []
+
+
+def test_injected_faults_name_the_device_and_the_rank(tmp_path: Path) -> None:
+    """One flipped bit: in rank 0's CPU training (single) and in rank 1's local gradients
+    (localize, before the all-reduce that would have averaged it away)."""
+    suite = run_jobs(["single", "localize"], TrainConfig(), nproc=2, timeout_s=240,
+                     workdir=tmp_path, env={"NODECERT_INJECT": "corrupt:0@single/cpu,"
+                                                                "corrupt:1@localize/gradients"})
+    single, localize = suite.reports["single"], suite.reports["localize"]
+    assert single.status == "FAIL" and "1 of 1 device(s) differ" in single.message
+    assert localize.status == "FAIL", localize.message
+    assert localize.message.startswith("1 of 2 rank(s) compute wrong gradients: rank 1: cpu on ")
+    assert "rank 0:" not in localize.message and "DDP hides this" in localize.message
+    assert [c.ok for c in localize.comparisons] == [True, False, True, True]
 
 
 def test_ddp_across_two_nodes_through_c10d_rendezvous(tmp_path: Path) -> None:
