@@ -24,8 +24,15 @@ from trainer import cli, launcher
 from trainer.config import TrainConfig
 from trainer.distenv import DistEnv
 from trainer.jobs import hybrid, pipeline, single
-from trainer.placement import (CPU_RANKS, SHARED_RANKS, Placement, choose_nproc, hides_every_gpu,
-                               place, why_torch_cannot_use_gpus)
+from trainer.placement import (
+    CPU_RANKS,
+    SHARED_RANKS,
+    Placement,
+    choose_nproc,
+    hides_every_gpu,
+    place,
+    why_torch_cannot_use_gpus,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +89,18 @@ def test_rank_count_usage_errors(requested: int | None, preference: str, gpus: i
 def test_cuda_visible_devices_that_hide_every_gpu(value: str | None, bus: int,
                                                   hidden: bool) -> None:
     assert hides_every_gpu(value, bus) is hidden
+
+
+def test_why_torch_cannot_use_the_gpus() -> None:
+    from checks.hw.base import TorchInfo
+
+    broken = TorchInfo(version="2.5.1+cu124", cuda="12.4", error="CUDA error 802: system not yet "
+                       "initialized")
+    assert why_torch_cannot_use_gpus(broken, {}) == \
+        "torch cannot use CUDA: CUDA error 802: system not yet initialized"
+    unavailable = TorchInfo(version="2.5.1+cu124", cuda="12.4")
+    assert why_torch_cannot_use_gpus(unavailable, {"CUDA_VISIBLE_DEVICES": "0"}, 8) == \
+        "torch.cuda.is_available() is False (torch 2.5.1+cu124, CUDA 12.4, CUDA_VISIBLE_DEVICES='0')"
 
 
 def test_cli_nproc_above_gpu_count_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,

@@ -83,7 +83,7 @@ def test_every_node_trains_on_its_own_devices(acceptance_stage: dict, job: str) 
     assert result.status == "PASS", result.message
     atol = result.details["tolerances"]["atol"]
     assert 0 < result.details["max_abs_diff"] < atol  # fp32 differs from float64, within bound
-    assert [d["device"] for d in result.details["devices"]][0] == "cpu"
+    assert result.details["devices"][0]["device"] == "cpu"
     assert result.expected.startswith("every ")
 
 
@@ -247,3 +247,80 @@ def test_real_sync_batchnorm_over_nccl(tmp_path: Path) -> None:
     report = suite.reports["syncbn"]
     assert report.status == "PASS", report.message
     assert report.details["syncbn_impl"].startswith("torch.nn.SyncBatchNorm")
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_single_trains_every_gpu_within_the_float64_bound() -> None:
+    from trainer.jobs import single
+
+    report = single.run_local(TrainConfig())
+    assert report.status == "PASS", report.message
+    devices = report.details["devices"]
+    assert [d["device"] for d in devices] == [f"cuda:{i}" for i in range(torch.cuda.device_count())
+                                              ] + ["cpu"]
+    assert all(d.get("pci") and d.get("uuid", "").startswith("GPU-") for d in devices[:-1])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_tf32_left_on_fails_single_on_the_gpu() -> None:
+    """The real TF32 path of the GPU (allow_tf32), not the CPU emulation, must FAIL too."""
+    from trainer.jobs import single
+
+    report = single.run_local(TrainConfig(controls=["tf32"]))
+    assert report.status == "FAIL"
+    assert "cuda:0 on " in report.message
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # restored
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_ranks_sharing_one_gpu_run_the_cuda_paths_over_gloo(tmp_path: Path) -> None:
+    """A one-GPU node: 4 ranks share cuda:0 over gloo. DDP and nn.SyncBatchNorm run on CUDA
+    tensors; the pipelined jobs SKIP with the reason (gloo cannot send/recv CUDA tensors)."""
+    suite = run_jobs(["single", "localize", "ddp", "pipeline", "hybrid", "syncbn"], TrainConfig(),
+                     nproc=4, share_gpu=True, timeout_s=500, workdir=tmp_path,
+                     env={"CUDA_VISIBLE_DEVICES": "0"})
+    reports = suite.reports
+    for job in ("single", "localize", "ddp", "syncbn"):
+        assert reports[job].status == "PASS", (job, reports[job].message)
+        assert reports[job].details["device"] == "cuda:0 shared with other ranks over gloo"
+    assert reports["syncbn"].details["syncbn_impl"].startswith("torch.nn.SyncBatchNorm")
+    assert [d["device"] for d in reports["single"].details["devices"]] == ["cuda:0", "cpu"]
+    for job in ("pipeline", "hybrid"):
+        assert reports[job].status == "SKIP" and "cannot send/recv CUDA" in reports[job].message
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_wrong_gradients_on_a_gpu_name_it(tmp_path: Path) -> None:
+    suite = run_jobs(["localize"], TrainConfig(), nproc=2, share_gpu=True, timeout_s=300,
+                     workdir=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0",
+                                            "NODECERT_INJECT": "corrupt:1@localize/gradients"})
+    report = suite.reports["localize"]
+    assert report.status == "FAIL"
+    assert re.search(r"rank 1: cuda:0 on \S+ \(NVIDIA [^,]+, pci [0-9a-f:.]+, uuid GPU-",
+                     report.message), report.message
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_nccl_groups_carry_the_timeout_and_a_hang_keeps_the_flight_recorder_dump(
+        tmp_path: Path) -> None:
+    ok = run_jobs(["localize", "ddp"], TrainConfig(), nproc=2, timeout_s=300,
+                  workdir=tmp_path / "ok").reports
+    for report in ok.values():
+        assert report.status == "PASS", report.message
+        groups = report.details["process_groups"]
+        assert groups["created"] >= 1 and groups["timeouts_s"] == [groups["job_timeout_s"]]
+        assert report.details["backend"] == "nccl"
+    hung = run_jobs(["ddp"], TrainConfig(), nproc=2, timeout_s=180, stall_s=20,
+                    workdir=tmp_path / "hang", env={"NODECERT_INJECT": "hang:1@ddp/step-2"})
+    report = hung.reports["ddp"]
+    assert report.status == "FAIL" and report.details["hung"]
+    assert report.details["flight_recorder"], report.message
+    assert "NCCL flight recorder dump: " in report.message and " file(s); read them" in report.message
