@@ -114,9 +114,9 @@ def init(reporter: Rank, device_preference: str = "auto", timeout_s: float = 120
 
 def live_groups() -> dict[str, Any]:
     """Every process group that exists now, by name (the default group included)."""
-    world = dist.distributed_c10d._world
-    return {name: pg for pg, (_, name) in list(world.pg_map.items())} if dist.is_initialized() \
-        else {}
+    if not dist.is_initialized():
+        return {}
+    return {name: pg for pg, name in list(dist.distributed_c10d._world.pg_names.items())}
 
 
 def group_timeout_s(group: Any, device: torch.device) -> float | None:

@@ -157,7 +157,7 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
            nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
            rdzv_id: str | None = None, node_rank: int | None = None,
            local_addr: str | None = None, python: str = sys.executable,
-           on_hang: Callable[[Path], None] | None = None) -> LaunchOutcome:
+           on_hang: Callable[[Path], object] | None = None) -> LaunchOutcome:
     """Run `python -m module args` on `nproc` ranks (per node) under torchrun and supervise it.
 
     `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the

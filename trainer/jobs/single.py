@@ -16,8 +16,8 @@ length n carries an error ~ sqrt(n) u of its terms when rounding errors behave a
 2019); sqrt(k): the step errors add up as a random walk. On the CPU (docs/trainer.md) the
 measured max |fp32 - float64| / (u S sqrt(n k)) stayed between 0.03 and 0.23 over hidden 16-256,
 batch 8-128 and k = 1-80 (3 seeds each); SAFETY = 2.5 leaves 10x over the worst of them for
-GPU kernels that sum in another order. TF32 in the matmuls (10-bit mantissa, the
-`tf32` negative control) lands ~20x outside; a flipped mantissa bit (NODECERT_INJECT corrupt) too.
+GPU kernels that sum in another order. TF32 in the matmuls (10-bit mantissa, the `tf32`
+negative control) lands 14x outside, one flipped mantissa bit (NODECERT_INJECT corrupt) 1000x.
 
     python -m trainer single                       # in-process: each GPU in turn, then the CPU
     torchrun --standalone --nproc-per-node=8 -m trainer single
