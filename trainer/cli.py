@@ -5,7 +5,7 @@ heartbeats, hard timeout, the failing rank named) and runs all the named jobs in
 Under torchrun (RANK/WORLD_SIZE set) it is the rank program: the jobs run in this process.
 
 Exit status: 0 every job PASS, 1 a job FAIL/ERROR, 2 bad usage, 77 every job SKIP (with reason).
-Rank count (trainer.placement): one rank per GPU; 4 ranks sharing the GPU of a one-GPU host (gloo);
+Rank count (trainer.placement): one rank per GPU; 2 ranks sharing the GPU of a one-GPU host (gloo);
 4 ranks on the CPU. `--nproc` above the GPU count is a usage error unless --share-gpu.
 With `--device auto` on a host whose NVIDIA GPUs torch cannot use, nothing trains on the CPU
 quietly: the command stops (exit 1) saying why; `--device cpu` asks for the CPU explicitly.
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "; ".join(f"{k} ({v})" for k, v in CONTROLS.items()))
     sup = p.add_argument_group("supervised launch (ignored under torchrun)")
     sup.add_argument("--nproc", type=int,
-                     help="ranks per node (default: one per GPU; 4 sharing a single GPU; 4 on CPU)")
+                     help="ranks per node (default: one per GPU; 2 sharing a single GPU; 4 on CPU)")
     sup.add_argument("--share-gpu", action="store_true",
                      help="allow more ranks than GPUs: ranks share GPUs over gloo (no send/recv: "
                           "pipeline and hybrid SKIP)")

@@ -24,11 +24,10 @@ from checks.dist.launch import LaunchOutcome, launch
 
 from .config import TrainConfig
 from .jobs import ORDER
-from .placement import CPU_RANKS, choose_nproc
+from .placement import choose_nproc
 from .report import FAIL, JobReport
 from .worker import job_file
 
-DEFAULT_CPU_RANKS = CPU_RANKS
 TRACE_BUFFER = 2000  # collectives each rank's flight recorder keeps
 DUMP_PREFIX = "nccl-trace-rank-"  # + global rank: one dump file per rank
 PIPE_PREFIX = "nccl-dump-pipe-"  # + rank + ".pipe": writing to it asks that rank for a dump
@@ -50,7 +49,7 @@ def cuda_count() -> int:
 
 
 def default_nproc(device: str = "auto") -> int:
-    """One rank per GPU; SHARED_RANKS sharing the GPU of a one-GPU host; CPU_RANKS on the CPU."""
+    """One rank per GPU; 2 sharing the GPU of a one-GPU host; 4 on the CPU (trainer.placement)."""
     return choose_nproc(None, device, cuda_count())[0]
 
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CPU_RANKS = 4  # hybrid needs 2 stages x 2 replicas; every job spans the whole world
-SHARED_RANKS = 4  # ranks sharing the GPU of a one-GPU host (the same world as on the CPU)
+# Ranks sharing the GPU of a one-GPU host: two exercise DDP, SyncBN and localize on CUDA; more
+# would not let hybrid run (it needs send/recv, which gloo cannot do on CUDA tensors).
+SHARED_RANKS = 2
 # CUDA_VISIBLE_DEVICES values that hide every GPU: Slurm sets NoDevFiles for a job step given no
 # GPU (Kaldi's utils/parallel/slurm.pl unsets it for that reason), "" and -1 are the usual ways
 # to hide all devices. An index past the GPU count hides everything from that entry on

@@ -1,7 +1,7 @@
 """Acceptance stage: the reference training jobs of trainer/, proven equal to one device.
 
 One launch of the ranks runs every job (start-up dominates on CPU); the checks share it, cached
-per Context. Ranks (trainer.placement): NCCL with one rank per GPU; on a one-GPU host 4 ranks
+per Context. Ranks (trainer.placement): NCCL with one rank per GPU; on a one-GPU host 2 ranks
 share the GPU over gloo (DDP and SyncBN run on CUDA tensors; pipeline and hybrid SKIP: gloo cannot
 send/recv CUDA tensors); without GPUs gloo on 4 CPU ranks. `train-single` trains every GPU alone
 against float64 and is the verdict of a one-GPU host; `train-localize` names a GPU whose gradients

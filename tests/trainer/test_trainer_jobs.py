@@ -280,10 +280,11 @@ def test_tf32_left_on_fails_single_on_the_gpu() -> None:
 @pytest.mark.gpu
 @needs_gpu
 def test_ranks_sharing_one_gpu_run_the_cuda_paths_over_gloo(tmp_path: Path) -> None:
-    """A one-GPU node: 4 ranks share cuda:0 over gloo. DDP and nn.SyncBatchNorm run on CUDA
-    tensors; the pipelined jobs SKIP with the reason (gloo cannot send/recv CUDA tensors)."""
+    """A one-GPU node: 2 ranks share cuda:0 over gloo (the default there). DDP and
+    nn.SyncBatchNorm run on CUDA tensors; the pipelined jobs SKIP with the reason (gloo cannot
+    send/recv CUDA tensors)."""
     suite = run_jobs(["single", "localize", "ddp", "pipeline", "hybrid", "syncbn"], TrainConfig(),
-                     nproc=4, share_gpu=True, timeout_s=500, workdir=tmp_path,
+                     nproc=2, share_gpu=True, timeout_s=500, workdir=tmp_path,
                      env={"CUDA_VISIBLE_DEVICES": "0"})
     reports = suite.reports
     for job in ("single", "localize", "ddp", "syncbn"):
