@@ -1,4 +1,4 @@
-"""Reference training jobs run as acceptance tests: dp, ddp, pipeline, hybrid, syncbn.
+"""Reference training jobs run as acceptance tests: single, localize, dp, ddp, pipeline, hybrid, syncbn.
 
 Each job trains a small deterministic model on a synthetic seeded dataset for k steps in its
 parallel mode and the same k steps on one device, and compares (see docs/trainer.md).

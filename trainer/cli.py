@@ -5,8 +5,13 @@ heartbeats, hard timeout, the failing rank named) and runs all the named jobs in
 Under torchrun (RANK/WORLD_SIZE set) it is the rank program: the jobs run in this process.
 
 Exit status: 0 every job PASS, 1 a job FAIL/ERROR, 2 bad usage, 77 every job SKIP (with reason).
+Rank count (trainer.placement): one rank per GPU; 2 ranks sharing the GPU of a one-GPU host (gloo);
+4 ranks on the CPU. `--nproc` above the GPU count is a usage error unless --share-gpu.
+With `--device auto` on a host whose NVIDIA GPUs torch cannot use, nothing trains on the CPU
+quietly: the command stops (exit 1) saying why; `--device cpu` asks for the CPU explicitly.
 
-    python -m trainer all                          # dp ddp pipeline hybrid syncbn, 4 ranks on CPU
+    python -m trainer all                          # every job, one launch
+    python -m trainer single                       # in-process: each GPU in turn, then the CPU
     python -m trainer ddp --nproc 3 --steps 20
     torchrun --standalone --nproc-per-node=2 -m trainer ddp pipeline syncbn
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
@@ -52,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="negative control that must FAIL: " +
                         "; ".join(f"{k} ({v})" for k, v in CONTROLS.items()))
     sup = p.add_argument_group("supervised launch (ignored under torchrun)")
-    sup.add_argument("--nproc", type=int, help="ranks per node (default: GPUs, else 4)")
+    sup.add_argument("--nproc", type=int,
+                     help="ranks per node (default: one per GPU; 2 sharing a single GPU; 4 on CPU)")
+    sup.add_argument("--share-gpu", action="store_true",
+                     help="allow more ranks than GPUs: ranks share GPUs over gloo (no send/recv: "
+                          "pipeline and hybrid SKIP)")
     sup.add_argument("--timeout", type=float, default=600.0, help="hard limit, seconds")
     sup.add_argument("--stall", type=float, default=60.0,
                      help="no heartbeat from any rank for this long = hung (seconds)")
@@ -102,6 +111,32 @@ def format_report(r: JobReport) -> str:
     return "\n".join(lines)
 
 
+def _unusable_gpus(device: str) -> str | None:
+    """With --device auto: NVIDIA GPUs on the PCI bus that torch cannot use (the jobs would
+    quietly train on the CPU), as one line; None when torch uses them or there are none."""
+    if device != "auto":
+        return None
+    from checks.hw.base import HardwareError
+    from checks.hw.linux import LinuxBackend
+    from checks.hw.torchview import read_torch
+
+    from .placement import why_torch_cannot_use_gpus
+
+    info = read_torch()
+    if info.device_count:
+        return None
+    backend = LinuxBackend()
+    try:
+        gpus = [d for d in backend.pci_devices() if d.is_nvidia_gpu]
+    except HardwareError:
+        return None
+    if not gpus:
+        return None
+    return (f"{len(gpus)} NVIDIA GPU(s) on the PCI bus but torch cannot use any: "
+            f"{why_torch_cannot_use_gpus(info, backend.environ(), len(gpus))}; fix that, or pass "
+            "--device cpu to train on the CPU on purpose")
+
+
 def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
@@ -124,18 +159,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if _under_torchrun():
         return _rank_main(names, cfg, args.pg_timeout)
-    if names == ["dp"]:
-        from .jobs import dp
+    from .launcher import cuda_count
+    from .placement import choose_nproc
 
-        reports = [dp.run_local(cfg)]
+    try:
+        nproc, shared = choose_nproc(args.nproc, cfg.device, cuda_count(), args.share_gpu)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    unusable = _unusable_gpus(cfg.device)
+    if unusable:
+        print(f"error: {unusable}", file=sys.stderr)
+        return EXIT_FAIL
+    local = {"dp", "single"}
+    if set(names) <= local and args.nnodes == 1:
+        from .jobs import dp, single
+
+        runners = {"dp": dp.run_local, "single": single.run_local}
+        reports = [runners[n](cfg) for n in names]
     else:
         from .launcher import run_jobs
 
-        suite = run_jobs(names, cfg, nproc=args.nproc, timeout_s=args.timeout,
+        suite = run_jobs(names, cfg, nproc=nproc, timeout_s=args.timeout,
                          stall_s=args.stall, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
+                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                         share_gpu=shared)
         reports = list(suite.reports.values())
-        print(f"{len(reports)} job(s) on {suite.nproc} rank(s) per node in "
+        how = " sharing the GPU over gloo" if shared else ""
+        print(f"{len(reports)} job(s) on {suite.nproc} rank(s) per node{how} in "
               f"{suite.duration_s:.1f} s")
     for r in reports:
         print(format_report(r))

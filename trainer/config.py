@@ -13,9 +13,11 @@ CONTROLS: dict[str, str] = {
     "no-scale-grads": "pipeline: gradients summed over micro-batches with a mean-reduced loss",
     "static-graph": "hybrid: DDP(static_graph=True) with inferred stage shapes (silently stops syncing)",
     "local-bn": "syncbn: plain per-rank BatchNorm in place of the synchronized one",
+    "tf32": "single: matmuls in TF32 (10-bit mantissa) instead of IEEE fp32 (emulated on the CPU)",
 }
 CONTROL_JOB = {"sum-loss": "ddp", "no-set-epoch": "ddp", "pad-indices": "ddp",
-               "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn"}
+               "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn",
+               "tf32": "single"}
 
 # Default tolerances per dtype (|actual - expected| <= atol + rtol * |expected|, elementwise).
 # fp32: measured differences after ~20 steps are ~1e-7 (../shared/notes/torch-cpu.md); float64 ~1e-16.

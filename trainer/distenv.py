@@ -2,11 +2,16 @@
 
 Jobs move their tensors over job-owned groups; results and verdicts travel over `ctl`, a
 separate gloo group, so a job's collectives and the reporting never interleave.
+
+Process-group hygiene: every group gets the launch's timeout (`new_group`), NCCL groups are bound
+to the rank's device so communicators start eagerly (a bad GPU or fabric fails at creation, not in
+the first collective), and the groups a job created are destroyed when it ends (`end_job`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -16,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from checks.dist.rank import Rank
+
+from .placement import Placement, place
 
 
 @dataclass
@@ -27,6 +34,24 @@ class DistEnv:
     device: torch.device
     ctl: Any  # ProcessGroup (gloo) for objects and barriers
     reporter: Rank
+    timeout: dt.timedelta = dt.timedelta(seconds=120)
+    placement: Placement | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Several ranks on one GPU (gloo on CUDA tensors)."""
+        return self.placement is not None and self.placement.shared
+
+    @property
+    def p2p(self) -> bool:
+        """Can this backend send/recv tensors on the rank's device (pipeline stages)?"""
+        return self.placement is None or self.placement.p2p
+
+    def new_group(self, ranks: list[int] | None = None, backend: str | None = None) -> Any:
+        """A job's process group: the launch's timeout, bound to the device under NCCL."""
+        backend = backend or self.backend
+        bind = self.device if backend == "nccl" else None
+        return dist.new_group(ranks, timeout=self.timeout, backend=backend, device_id=bind)
 
     @property
     def is_cuda(self) -> bool:
@@ -55,29 +80,65 @@ class DistEnv:
         dist.barrier(group=self.ctl)
 
 
-def choose_device(preference: str, local_rank: int) -> torch.device:
-    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_world_size(reporter: Rank) -> int:
+    """Ranks on this node (torchrun sets LOCAL_WORLD_SIZE; a bare launch is one rank)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", reporter.world_size))
 
 
 def init(reporter: Rank, device_preference: str = "auto", timeout_s: float = 120.0) -> DistEnv:
-    """Join the process group torchrun describes (env://): NCCL on GPUs, gloo on CPU."""
-    device = choose_device(device_preference, reporter.local_rank)
-    backend = "gloo"
+    """Join the process group torchrun describes (env://): NCCL with one GPU per rank, gloo on
+    the CPU or when ranks share a GPU (trainer.placement)."""
+    placement = place(device_preference, reporter.local_rank, local_world_size(reporter),
+                      cuda_count())
+    device = torch.device(placement.device)
+    timeout = dt.timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend = "nccl"
         # Comparisons assume IEEE fp32: no TF32 in matmuls or convolutions.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.deterministic = True
     reporter.beat("init_process_group")
-    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s))
-    ctl = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=timeout_s))
+    # device_id binds the default group to the GPU: NCCL communicators start now (eagerly).
+    dist.init_process_group(placement.backend, timeout=timeout,
+                            device_id=device if placement.backend == "nccl" else None)
+    ctl = dist.new_group(backend="gloo", timeout=timeout)
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                   local_rank=reporter.local_rank, backend=backend, device=device, ctl=ctl,
-                   reporter=reporter)
+                   local_rank=reporter.local_rank, backend=placement.backend, device=device,
+                   ctl=ctl, reporter=reporter, timeout=timeout, placement=placement)
+
+
+def live_groups() -> dict[str, Any]:
+    """Every process group that exists now, by name (the default group included)."""
+    if not dist.is_initialized():
+        return {}
+    return {name: pg for pg, name in list(dist.distributed_c10d._world.pg_names.items())}
+
+
+def group_timeout_s(group: Any, device: torch.device) -> float | None:
+    """The timeout a group's backend runs with (None when the backend does not say)."""
+    try:
+        backend = group._get_backend(device if device.type == "cuda" else torch.device("cpu"))
+        return float(backend.options._timeout.total_seconds())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def end_job(env: DistEnv, before: dict[str, Any]) -> dict[str, Any]:
+    """Destroy the groups created since `before` (a `live_groups()` snapshot) and say what they
+    were: how many, and the timeout each ran with. Call after the job released its DDP modules
+    and optimizers (gloo's teardown can hang on a reducer still alive, see docs/trainer.md)."""
+    created = {n: g for n, g in live_groups().items() if n not in before}
+    timeouts = [group_timeout_s(g, env.device) for g in created.values()]
+    for group in created.values():
+        dist.destroy_process_group(group)
+    return {"created": len(created), "timeouts_s": sorted({t for t in timeouts if t is not None}),
+            "unknown_timeouts": sum(t is None for t in timeouts),
+            "job_timeout_s": env.timeout.total_seconds()}
 
 
 def shutdown() -> None:

@@ -3,11 +3,18 @@
 Built on checks.dist.launch (torchrun in its own session, heartbeats, hard timeout, whole-group
 SIGKILL, the failing rank named). A crash or hang inside a job fails that job, naming the rank and
 the job; the jobs it kept from running are relaunched so one broken job does not hide the others.
+
+NCCL's flight recorder is on for every launch (TORCH_NCCL_TRACE_BUFFER_SIZE, dump on timeout,
+dump files and trigger pipes in the launch's workdir). On a hang the supervisor pokes every
+rank's pipe before killing the ranks, and the job's FAIL message names the dump files (or the
+path they would have had: gloo and CPU-only torch have no NCCL recorder).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,10 +24,14 @@ from checks.dist.launch import LaunchOutcome, launch
 
 from .config import TrainConfig
 from .jobs import ORDER
+from .placement import choose_nproc
 from .report import FAIL, JobReport
 from .worker import job_file
 
-DEFAULT_CPU_RANKS = 4  # hybrid needs 2 stages x 2 replicas; every job spans the whole world
+TRACE_BUFFER = 2000  # collectives each rank's flight recorder keeps
+DUMP_PREFIX = "nccl-trace-rank-"  # + global rank: one dump file per rank
+PIPE_PREFIX = "nccl-dump-pipe-"  # + rank + ".pipe": writing to it asks that rank for a dump
+DUMP_WAIT_S = 5.0  # how long a hung launch waits for the dumps it asked for
 
 
 @dataclass
@@ -31,12 +42,60 @@ class SuiteOutcome:
     launches: list[LaunchOutcome] = field(default_factory=list)
 
 
-def default_nproc() -> int:
-    """One rank per GPU; DEFAULT_CPU_RANKS without one."""
+def cuda_count() -> int:
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count or DEFAULT_CPU_RANKS
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc(device: str = "auto") -> int:
+    """One rank per GPU; 2 sharing the GPU of a one-GPU host; 4 on the CPU (trainer.placement)."""
+    return choose_nproc(None, device, cuda_count())[0]
+
+
+def flight_recorder_env(workdir: Path) -> dict[str, str]:
+    """NCCL flight recorder settings for one launch (the TORCH_FR_* spellings are newer
+    aliases of the same settings)."""
+    dump, pipe = str(workdir / DUMP_PREFIX), str(workdir / PIPE_PREFIX)
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER),
+            "TORCH_FR_BUFFER_SIZE": str(TRACE_BUFFER),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump, "TORCH_FR_DUMP_TEMP_FILE": dump,
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe}
+
+
+def dump_files(workdir: str | Path) -> list[Path]:
+    return sorted(Path(workdir).glob(f"{DUMP_PREFIX}*"))
+
+
+def request_dumps(workdir: Path) -> list[Path]:
+    """Ask every NCCL rank of a hung launch for its flight-recorder dump (write to its pipe),
+    then give them DUMP_WAIT_S to write it. No pipes (gloo, CPU torch): returns at once."""
+    pipes = [p for p in workdir.glob(f"{PIPE_PREFIX}*.pipe")
+             if stat.S_ISFIFO(p.lstat().st_mode)]
+    for pipe in pipes:
+        try:
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue  # no reader: that rank's monitor is gone
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + (DUMP_WAIT_S if pipes else 0)
+    while time.monotonic() < deadline and len(dump_files(workdir)) < len(pipes):
+        time.sleep(0.2)
+    return dump_files(workdir)
+
+
+def flight_recorder_note(workdir: str | Path) -> str:
+    """One clause for a hang message: where the NCCL flight recorder dumps are."""
+    found = dump_files(workdir)
+    where = str(Path(workdir) / f"{DUMP_PREFIX}<rank>")
+    if found:
+        return (f"NCCL flight recorder dump: {where} ({len(found)} file(s); read them with "
+                "`python -m torch.distributed.flight_recorder.fr_trace`)")
+    return f"NCCL flight recorder dump: none written at {where} (no NCCL communicator)"
 
 
 def _collect(workdir: Path, jobs: list[str]) -> dict[str, JobReport]:
@@ -55,10 +114,15 @@ def _collect(workdir: Path, jobs: list[str]) -> dict[str, JobReport]:
 
 def _failure(job: str, outcome: LaunchOutcome) -> JobReport:
     what = "hung" if outcome.hung else "crashed"
-    return JobReport(job, FAIL, f"job {job} {what}: {outcome.summary}", details={
+    message = f"job {job} {what}: {outcome.summary}"
+    dumps = [str(p) for p in dump_files(outcome.workdir)] if outcome.workdir else []
+    if outcome.hung or dumps:
+        message += "; " + flight_recorder_note(outcome.workdir)
+    return JobReport(job, FAIL, message, details={
         "culprit_ranks": outcome.culprits, "hung": outcome.hung,
         "phases": {r: s.phase for r, s in outcome.ranks.items()},
-        "log_tail": outcome.log_tail[-3000:], "workdir": outcome.workdir})
+        "log_tail": outcome.log_tail[-3000:], "workdir": outcome.workdir,
+        "flight_recorder": dumps})
 
 
 def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
@@ -66,14 +130,17 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
              pg_timeout_s: float | None = None, workdir: str | Path | None = None,
              env: dict[str, str] | None = None, nnodes: int = 1, node_rank: int | None = None,
              rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-             local_addr: str | None = None) -> SuiteOutcome:
+             local_addr: str | None = None, share_gpu: bool = False) -> SuiteOutcome:
     """Run `jobs` (names from trainer.jobs.ORDER) on `nproc` ranks per node; one report per job.
 
-    Multi-node: give nnodes, rdzv_endpoint (HOST:PORT on the first node) and the same rdzv_id on
-    every node; each node's call supervises its local ranks (no relaunch across nodes).
+    `nproc` defaults to trainer.placement.choose_nproc (one rank per GPU, ranks sharing the GPU
+    of a one-GPU host, 4 on the CPU); more ranks than GPUs needs `share_gpu` (ValueError
+    otherwise). Multi-node: give nnodes, rdzv_endpoint (HOST:PORT on the first node) and the
+    same rdzv_id on every node; each node's call supervises its local ranks (no relaunch
+    across nodes).
     """
     cfg.validate()
-    nproc = nproc or default_nproc()
+    nproc, _ = choose_nproc(nproc, cfg.device, cuda_count(), share_gpu)
     order = [j for j in ORDER if j in jobs]
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-train-"))
     deadline = time.monotonic() + timeout_s
@@ -86,9 +153,10 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
         args = [*remaining, "--config-json", json.dumps(cfg.to_dict()),
                 "--pg-timeout", str(pg_timeout_s or max(stall_s * 2, 60.0))]
         outcome = launch("trainer", args, nproc=nproc, timeout_s=max(deadline - time.monotonic(), 1),
-                         stall_s=stall_s, start_timeout_s=start_timeout_s, env=env, workdir=wd,
+                         stall_s=stall_s, start_timeout_s=start_timeout_s,
+                         env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
                          nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                         node_rank=node_rank, local_addr=local_addr)
+                         node_rank=node_rank, local_addr=local_addr, on_hang=request_dumps)
         launches.append(outcome)
         reports.update(_collect(wd, remaining))
         remaining = [j for j in remaining if j not in reports]

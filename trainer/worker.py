@@ -41,15 +41,22 @@ def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
     for name in names:
         env.beat(f"{name}/start")
         start = time.monotonic()
+        before = distenv.live_groups()
         report = jobs.get(name)(env, cfg)
+        gc.collect()  # the job's DDP reducers go before its groups (gloo teardown hang)
+        env.beat(f"{name}/end")
+        groups = distenv.end_job(env, before)
         data = env.broadcast(report.to_dict() if report is not None else None)
         data["details"]["duration_s"] = round(time.monotonic() - start, 3)
         data["details"].setdefault("backend", env.backend)
         data["details"]["world_size"] = env.world_size
+        data["details"]["device"] = env.placement.describe() if env.placement else str(env.device)
+        data["details"]["process_groups"] = groups
+        # where NCCL's flight recorder would dump on a timeout (set by the supervisor)
+        data["details"]["flight_recorder_prefix"] = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         results[name] = data
         if rank.workdir is not None:
             _write(job_file(rank.workdir, name, env.rank), data)
-        gc.collect()
     env.beat("teardown")
     env.barrier()
     distenv.shutdown()

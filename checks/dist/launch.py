@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,8 +156,12 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
            env: dict[str, str] | None = None, workdir: str | Path | None = None,
            nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
            rdzv_id: str | None = None, node_rank: int | None = None,
-           local_addr: str | None = None, python: str = sys.executable) -> LaunchOutcome:
+           local_addr: str | None = None, python: str = sys.executable,
+           on_hang: Callable[[Path], object] | None = None) -> LaunchOutcome:
     """Run `python -m module args` on `nproc` ranks (per node) under torchrun and supervise it.
+
+    `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the
+    trainer asks NCCL's flight recorder for its dump there).
 
     `world_size` is the total over all nodes (default nproc * nnodes); heartbeats of remote
     ranks are only visible when the workdir is shared, so on one node of a multi-node launch
@@ -199,6 +204,8 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
         beats = _heartbeats(workdir)
         leftovers: list[int] = []
         if hung:
+            if on_hang is not None:
+                on_hang(workdir)
             leftovers = _kill_tree(proc, [int(b["pid"]) for b in beats.values()])
     # Anything still marked with this launch's workdir (a rank that escaped the process group
     # or outlived torchrun) is an orphan: kill it and say so.

@@ -1,25 +1,38 @@
 """Acceptance stage: the reference training jobs of trainer/, proven equal to one device.
 
-One launch of the ranks runs every job (start-up dominates on CPU); the five checks share it,
-cached per Context. On GPUs: NCCL, one rank per GPU; without GPUs: gloo on 4 CPU ranks (hybrid
-needs 2 stages x 2 replicas). Figures (samples/s, scaling efficiency vs one device) and the
-comparison tolerances go into each result's details for the fleet report.
+One launch of the ranks runs every job (start-up dominates on CPU); the checks share it, cached
+per Context. Ranks (trainer.placement): NCCL with one rank per GPU; on a one-GPU host 2 ranks
+share the GPU over gloo (DDP and SyncBN run on CUDA tensors; pipeline and hybrid SKIP: gloo cannot
+send/recv CUDA tensors); without GPUs gloo on 4 CPU ranks. `train-single` trains every GPU alone
+against float64 and is the verdict of a one-GPU host; `train-localize` names a GPU whose gradients
+differ. Decided before anything launches (and so testable on scenarios):
+- GPUs on the PCI bus that torch cannot use (CUDA_VISIBLE_DEVICES=NoDevFiles/""/-1, a CPU-only
+  torch, a broken CUDA stack): every acceptance check FAILs saying why, never a CPU PASS;
+- --expect-gpus N >= 2 with fewer GPUs usable: the multi-GPU jobs FAIL (single and localize
+  still run on the GPUs there are);
+- --nproc above the GPU count: SKIP with the reason.
+Figures (samples/s, scaling efficiency vs one device) and the comparison tolerances go into each
+result's details for the fleet report.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..context import Context
 from ..model import Result, error, fail, passed, skip
 from ..registry import check
+from ..workloads import plan as workload_plan
 
-JOBS = ("dp", "ddp", "pipeline", "hybrid", "syncbn")
+JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn")
+# Jobs that judge each GPU on its own: they run on whatever GPUs are usable. Every other job
+# proves training ACROSS GPUs, and FAILs when fewer than --expect-gpus are usable.
+PER_DEVICE = ("single", "localize")
 SIMULATED = "simulated hardware: training jobs need the real machine"
-CPU_RANKS = 4
 LAUNCH_TIMEOUT_S = 600.0  # the launch kills its ranks by then; the checks' own limit is above
 STALL_S = 90.0
 REMEDY = {
@@ -30,31 +43,77 @@ REMEDY = {
               "synchronised",
     "syncbn": "rerun `python -m trainer syncbn`; check NCCL all-reduce (collective checks)",
     "dp": "rerun `python -m trainer dp`; check GPU peer-to-peer and the driver",
+    "single": "rerun `python -m trainer single`; a GPU that differs again computes wrong: drain "
+              "it, run the vendor diagnostics (dcgmi diag -r 3) and RMA it quoting its serial",
+    "localize": "rerun `python -m trainer localize`; the named GPU computes wrong gradients: "
+                "drain it, run dcgmi diag -r 3 and RMA it quoting its serial",
 }
+REMEDY_BLOCKED = ("make torch see the GPUs: unset or fix CUDA_VISIBLE_DEVICES (Slurm: request "
+                  "GPUs with --gres/--gpus), install a CUDA build of torch (make provision), see "
+                  "gpu-count and cuda-compat")
+REMEDY_FEWER = ("check CUDA_VISIBLE_DEVICES, the container's --gpus and the scheduler's GPU "
+                "request, and gpu-count for GPUs that fell off the bus")
 
 _cache: weakref.WeakKeyDictionary[Context, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def _plan(ctx: Context) -> tuple[list[str], int]:
-    gpus = ctx.hw.torch().device_count
-    nproc = ctx.options.nproc or gpus or CPU_RANKS
-    jobs = [j for j in JOBS if (j != "dp" or gpus >= 2)
-            and (not ctx.selected or f"train-{j}" in ctx.selected)]
-    return jobs, nproc
+@dataclass
+class Plan:
+    jobs: list[str]  # to launch
+    nproc: int = 0
+    shared: bool = False  # ranks share GPUs over gloo
+    verdicts: dict[str, Result] = field(default_factory=dict)  # decided without launching
 
 
-def _run_suite(ctx: Context) -> dict[str, Any]:
+def _cvd_note(ctx: Context) -> str:
+    cvd = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
+    return "" if cvd is None else f" (CUDA_VISIBLE_DEVICES={cvd!r})"
+
+
+def plan(ctx: Context) -> Plan:
+    """Which jobs launch, on how many ranks, and which verdicts need no launch."""
+    from trainer.placement import choose_nproc, why_torch_cannot_use_gpus
+
+    wanted = [j for j in JOBS if not ctx.selected or f"train-{j}" in ctx.selected]
+    plat = workload_plan.platform(ctx)
+    if plat.kind == "blocked":
+        why = why_torch_cannot_use_gpus(ctx.hw.torch(), ctx.hw.environ(), len(ctx.pci_gpus))
+        verdict = fail(f"{len(ctx.pci_gpus)} NVIDIA GPU(s) on the PCI bus but torch cannot use "
+                       f"any: {why}; the training jobs would run on the CPU and prove nothing "
+                       "about the GPUs", value=0, expected=f"{len(ctx.pci_gpus)} GPU(s) in torch",
+                       remedy=REMEDY_BLOCKED)
+        return Plan([], verdicts={j: verdict for j in wanted})
+    gpus = plat.devices
+    verdicts: dict[str, Result] = {}
+    expect = ctx.options.expect_gpus
+    if expect is not None and expect >= 2 and gpus < expect:
+        short = fail(f"--expect-gpus {expect} but torch can use {gpus} GPU(s){_cvd_note(ctx)}: "
+                     f"a multi-GPU job on {gpus} cannot prove training on {expect}", value=gpus,
+                     expected=f"{expect} GPUs", remedy=REMEDY_FEWER)
+        verdicts.update({j: short for j in wanted if j not in PER_DEVICE})
+    if "dp" in wanted and "dp" not in verdicts and gpus < 2:
+        verdicts["dp"] = skip(f"needs ≥ 2 CUDA devices, have {gpus} (DataParallel without them "
+                              "is a pass-through: a CPU run would prove nothing)")
+    try:
+        nproc, shared = choose_nproc(ctx.options.nproc, "auto" if gpus else "cpu", gpus)
+    except ValueError as exc:
+        reason = skip(f"{exc} (--nproc of `checks verify`)")
+        verdicts.update({j: reason for j in wanted if j not in verdicts})
+        return Plan([], verdicts=verdicts)
+    return Plan([j for j in wanted if j not in verdicts], nproc, shared, verdicts)
+
+
+def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
     """{job: JobReport} from one shared launch (run on the first call for this Context)."""
     with _lock:
         if ctx not in _cache:
             from trainer.config import TrainConfig
             from trainer.launcher import run_jobs
 
-            jobs, nproc = _plan(ctx)
             workdir = Path(ctx.options.workdir) / "acceptance" if ctx.options.workdir else None
-            suite = run_jobs(jobs, TrainConfig(), nproc=nproc, timeout_s=LAUNCH_TIMEOUT_S,
-                             stall_s=STALL_S, workdir=workdir)
+            suite = run_jobs(p.jobs, TrainConfig(), nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
+                             stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
             _cache[ctx] = dict(suite.reports)
         return _cache[ctx]
 
@@ -73,7 +132,9 @@ def _result(job: str, report: Any) -> Result:
     kw: dict[str, Any] = {"details": details, "value": rate,
                           "unit": "samples/s" if rate is not None else None}
     tol = report.details.get("tolerances")
-    if tol:
+    if report.details.get("expected"):
+        kw["expected"] = report.details["expected"]
+    elif tol:
         kw["expected"] = f"equal to one device within rtol {tol['rtol']:g} / atol {tol['atol']:g}"
     if report.status == "PASS":
         return passed(report.message, **kw)
@@ -85,15 +146,17 @@ def _result(job: str, report: Any) -> Result:
 
 
 def _job_check(ctx: Context, job: str) -> Result:
+    info = ctx.hw.torch()
+    if info.version is None:
+        return error(f"torch unusable: {info.error}")
+    p = plan(ctx)
+    if job in p.verdicts:
+        return p.verdicts[job]
     if ctx.hw.simulated:
         return skip(SIMULATED)
-    info = ctx.hw.torch()
     if info.error:
         return error(f"torch unusable: {info.error}")
-    if job == "dp" and info.device_count < 2:
-        return skip(f"needs ≥ 2 CUDA devices, have {info.device_count} (DataParallel without "
-                    "them is a pass-through: a CPU run would prove nothing)")
-    reports = _run_suite(ctx)
+    reports = _run_suite(ctx, p)
     if job not in reports:
         return error(f"the acceptance launch did not run {job}")
     return _result(job, reports[job])
@@ -113,3 +176,7 @@ _register("ddp", "ACC002", "DistributedDataParallel equals single-device trainin
 _register("pipeline", "ACC003", "pipeline parallel (GPipe, 1F1B) equals the unsplit model")
 _register("hybrid", "ACC004", "pipeline x data parallel (2 stages x N replicas) equals one device")
 _register("syncbn", "ACC005", "SyncBatchNorm equals BatchNorm over the global batch")
+_register("single", "ACC006", "every GPU (and the CPU) trains alone in fp32 within the rounding "
+          "bound of float64")
+_register("localize", "ACC007", "every rank's local gradients on the same batch equal float64 "
+          "before the all-reduce (names a faulty GPU)")

@@ -77,6 +77,30 @@ def test_acceptance_shares_one_launch_and_reports_syncbn_impl(acceptance_stage: 
     assert leftovers(acceptance_stage["work"]) == []
 
 
+@pytest.mark.parametrize("job", ["single", "localize"])
+def test_every_node_trains_on_its_own_devices(acceptance_stage: dict, job: str) -> None:
+    result = acceptance_stage["results"][job]
+    assert result.status == "PASS", result.message
+    atol = result.details["tolerances"]["atol"]
+    assert 0 < result.details["max_abs_diff"] < atol  # fp32 differs from float64, within bound
+    assert result.details["devices"][0]["device"] == "cpu"
+    assert result.expected.startswith("every ")
+
+
+def test_every_job_ran_with_the_launch_timeout_and_left_no_group(acceptance_stage: dict) -> None:
+    """Process-group hygiene: each group a job created had the job's timeout and was destroyed
+    when the job ended (counted before destruction); the flight recorder path reached the ranks."""
+    launch = Path(acceptance_stage["work"], "acceptance", "launch-0")
+    for job, result in acceptance_stage["results"].items():
+        if result.status == "SKIP":
+            continue
+        groups = result.details["process_groups"]
+        assert groups["unknown_timeouts"] == 0, job
+        assert groups["timeouts_s"] in ([], [groups["job_timeout_s"]]), (job, groups)
+        assert result.details["flight_recorder_prefix"] == str(launch / "nccl-trace-rank-")
+    assert acceptance_stage["results"]["hybrid"].details["process_groups"]["created"] == 2
+
+
 def test_ddp_on_3_ranks_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["ddp", "--nproc", "3", "--timeout", "240"]) == cli.EXIT_PASS
     out = capsys.readouterr().out
@@ -150,8 +174,25 @@ def test_hung_rank_is_named_and_killed_within_the_stall_limit(tmp_path: Path) ->
                     report.message), report.message
     assert "'ddp/step-1'" in report.message  # the last phase it announced
     assert report.details["culprit_ranks"] == [1]
+    # gloo has no NCCL flight recorder: the message still says where its dump would be
+    assert f"NCCL flight recorder dump: none written at {tmp_path}/launch-0/nccl-trace-rank-<rank>" \
+        in report.message
     assert time.monotonic() - start < 60
     assert suite.launches[0].leftover_pids == [] and leftovers(tmp_path) == []
+
+
+def test_injected_faults_name_the_device_and_the_rank(tmp_path: Path) -> None:
+    """One flipped bit: in rank 0's CPU training (single) and in rank 1's local gradients
+    (localize, before the all-reduce that would have averaged it away)."""
+    suite = run_jobs(["single", "localize"], TrainConfig(), nproc=2, timeout_s=240,
+                     workdir=tmp_path, env={"NODECERT_INJECT": "corrupt:0@single/cpu,"
+                                                                "corrupt:1@localize/gradients"})
+    single, localize = suite.reports["single"], suite.reports["localize"]
+    assert single.status == "FAIL" and "1 of 1 device(s) differ" in single.message
+    assert localize.status == "FAIL", localize.message
+    assert localize.message.startswith("1 of 2 rank(s) compute wrong gradients: rank 1: cpu on ")
+    assert "rank 0:" not in localize.message and "DDP hides this" in localize.message
+    assert [c.ok for c in localize.comparisons] == [True, False, True, True]
 
 
 def test_ddp_across_two_nodes_through_c10d_rendezvous(tmp_path: Path) -> None:
@@ -206,3 +247,81 @@ def test_real_sync_batchnorm_over_nccl(tmp_path: Path) -> None:
     report = suite.reports["syncbn"]
     assert report.status == "PASS", report.message
     assert report.details["syncbn_impl"].startswith("torch.nn.SyncBatchNorm")
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_single_trains_every_gpu_within_the_float64_bound() -> None:
+    from trainer.jobs import single
+
+    report = single.run_local(TrainConfig())
+    assert report.status == "PASS", report.message
+    devices = report.details["devices"]
+    assert [d["device"] for d in devices] == [f"cuda:{i}" for i in range(torch.cuda.device_count())
+                                              ] + ["cpu"]
+    assert all(d.get("pci") and d.get("uuid", "").startswith("GPU-") for d in devices[:-1])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_tf32_left_on_fails_single_on_the_gpu() -> None:
+    """The real TF32 path of the GPU (allow_tf32), not the CPU emulation, must FAIL too."""
+    from trainer.jobs import single
+
+    report = single.run_local(TrainConfig(controls=["tf32"]))
+    assert report.status == "FAIL"
+    assert "cuda:0 on " in report.message
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # restored
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_ranks_sharing_one_gpu_run_the_cuda_paths_over_gloo(tmp_path: Path) -> None:
+    """A one-GPU node: 2 ranks share cuda:0 over gloo (the default there). DDP and
+    nn.SyncBatchNorm run on CUDA tensors; the pipelined jobs SKIP with the reason (gloo cannot
+    send/recv CUDA tensors)."""
+    suite = run_jobs(["single", "localize", "ddp", "pipeline", "hybrid", "syncbn"], TrainConfig(),
+                     nproc=2, share_gpu=True, timeout_s=500, workdir=tmp_path,
+                     env={"CUDA_VISIBLE_DEVICES": "0"})
+    reports = suite.reports
+    for job in ("single", "localize", "ddp", "syncbn"):
+        assert reports[job].status == "PASS", (job, reports[job].message)
+        assert reports[job].details["device"] == "cuda:0 shared with other ranks over gloo"
+    assert reports["syncbn"].details["syncbn_impl"].startswith("torch.nn.SyncBatchNorm")
+    assert [d["device"] for d in reports["single"].details["devices"]] == ["cuda:0", "cpu"]
+    for job in ("pipeline", "hybrid"):
+        assert reports[job].status == "SKIP" and "cannot send/recv CUDA" in reports[job].message
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_wrong_gradients_on_a_gpu_name_it(tmp_path: Path) -> None:
+    suite = run_jobs(["localize"], TrainConfig(), nproc=2, share_gpu=True, timeout_s=300,
+                     workdir=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0",
+                                            "NODECERT_INJECT": "corrupt:1@localize/gradients"})
+    report = suite.reports["localize"]
+    assert report.status == "FAIL"
+    assert re.search(r"rank 1: cuda:0 on \S+ \(NVIDIA [^,]+, pci [0-9a-f:.]+, uuid GPU-",
+                     report.message), report.message
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_nccl_groups_carry_the_timeout_and_a_hang_keeps_the_flight_recorder_dump(
+        tmp_path: Path) -> None:
+    ok = run_jobs(["localize", "ddp"], TrainConfig(), nproc=2, timeout_s=300,
+                  workdir=tmp_path / "ok").reports
+    for report in ok.values():
+        assert report.status == "PASS", report.message
+        groups = report.details["process_groups"]
+        assert groups["created"] >= 1 and groups["timeouts_s"] == [groups["job_timeout_s"]]
+        assert report.details["backend"] == "nccl"
+    hung = run_jobs(["ddp"], TrainConfig(), nproc=2, timeout_s=180, stall_s=20,
+                    workdir=tmp_path / "hang", env={"NODECERT_INJECT": "hang:1@ddp/step-2"})
+    report = hung.reports["ddp"]
+    assert report.status == "FAIL" and report.details["hung"]
+    assert report.details["flight_recorder"], report.message
+    assert "NCCL flight recorder dump: " in report.message and " file(s); read them" in report.message

@@ -127,5 +127,7 @@ def test_acceptance_checks_are_registered() -> None:
 
     registry.load_all()
     codes = {cid: registry.REGISTRY[cid] for cid in (f"train-{j}" for j in acceptance.JOBS)}
-    assert [c.code for c in codes.values()] == ["ACC001", "ACC002", "ACC003", "ACC004", "ACC005"]
+    assert {j: c.code for j, c in zip(acceptance.JOBS, codes.values(), strict=True)} == {
+        "dp": "ACC001", "ddp": "ACC002", "pipeline": "ACC003", "hybrid": "ACC004",
+        "syncbn": "ACC005", "single": "ACC006", "localize": "ACC007"}
     assert all(c.level == "standard" and c.stage == "acceptance" for c in codes.values())

@@ -12,12 +12,13 @@ if TYPE_CHECKING:
 
 JobFn = Callable[["DistEnv", "TrainConfig"], "JobReport | None"]
 
-ORDER = ("dp", "ddp", "pipeline", "hybrid", "syncbn")
+ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn")
 
 
 def get(name: str) -> JobFn:
     """The job's `run(env, cfg)`: returns the verdict on rank 0, None on the other ranks."""
-    from . import ddp, dp, hybrid, pipeline, syncbn
+    from . import ddp, dp, hybrid, localize, pipeline, single, syncbn
 
-    modules = {"dp": dp, "ddp": ddp, "pipeline": pipeline, "hybrid": hybrid, "syncbn": syncbn}
+    modules = {"dp": dp, "ddp": ddp, "pipeline": pipeline, "hybrid": hybrid, "syncbn": syncbn,
+               "single": single, "localize": localize}
     return modules[name].run

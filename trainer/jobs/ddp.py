@@ -19,7 +19,6 @@ import copy
 import gc
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -47,7 +46,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     env.beat(f"{NAME}/setup")
     # Different weights per rank on purpose: DDP must broadcast rank 0's.
     torch.manual_seed(cfg.seed + env.rank)
-    group = dist.new_group()
+    group = env.new_group()
     model = mlp(cfg.hidden).to(env.device, dtype)
     ddp = DDP(model, device_ids=[env.device] if env.is_cuda else None, process_group=group)
     initial = copy.deepcopy(ddp.module).cpu()  # after the constructor's broadcast

@@ -27,7 +27,6 @@ import gc
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,7 +37,7 @@ from ..data import TeacherDataset, dataset_size, global_batches
 from ..distenv import DistEnv, StepTimer, training_steps
 from ..models import D_IN, D_OUT, mlp_blocks, params_of, unwrap_names
 from ..report import JobReport, compare, identical
-from .pipeline import static_stage
+from .pipeline import NO_P2P, static_stage
 
 NAME = "hybrid"
 STAGES = 2
@@ -50,12 +49,14 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     if world < 2 * STAGES or world % STAGES:
         return JobReport(NAME, "SKIP", f"needs an even number of ranks >= {2 * STAGES} "
                          f"({STAGES} stages x >= 2 replicas), have {world}")
+    if not env.p2p:
+        return JobReport(NAME, "SKIP", NO_P2P)
     dtype = getattr(torch, cfg.dtype)
     replicas = world // STAGES
     index, replica = env.rank % STAGES, env.rank // STAGES
     # Every rank creates every group, in the same order.
-    pipe_groups = [dist.new_group([r * STAGES + s for s in range(STAGES)]) for r in range(replicas)]
-    data_groups = [dist.new_group([r * STAGES + s for r in range(replicas)]) for s in range(STAGES)]
+    pipe_groups = [env.new_group([r * STAGES + s for s in range(STAGES)]) for r in range(replicas)]
+    data_groups = [env.new_group([r * STAGES + s for r in range(replicas)]) for s in range(STAGES)]
 
     micro_batches = 2 * STAGES
     batch = micro_batches * cfg.batch_size  # per replica

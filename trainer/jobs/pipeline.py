@@ -25,7 +25,6 @@ import gc
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -36,6 +35,10 @@ from ..models import D_IN, D_OUT, mlp_blocks, params_of
 from ..report import Comparison, JobReport, compare
 
 NAME = "pipeline"
+# torch's backend table: gloo moves CUDA tensors in broadcast/all-reduce/all-gather, not in
+# send/recv (ProcessGroupGloo::send hands the raw device pointer to a CPU transport).
+NO_P2P = ("ranks share a GPU over gloo, which cannot send/recv CUDA tensors between pipeline "
+          "stages; needs one GPU per rank (NCCL) or --device cpu")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
@@ -63,6 +66,8 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     stages = env.world_size
     if stages < 2:
         return JobReport(NAME, "SKIP", f"needs >= 2 ranks (one per stage), have {stages}")
+    if not env.p2p:
+        return JobReport(NAME, "SKIP", NO_P2P)
     dtype = getattr(torch, cfg.dtype)
     micro_batches = 2 * stages  # 1F1B needs at least as many micro-batches as stages
     batch = micro_batches * cfg.batch_size
@@ -84,7 +89,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     for name, schedule_cls in SCHEDULES.items():
         env.beat(f"{NAME}/{name}-setup")
         module = copy.deepcopy(blocks[index]).to(env.device, dtype)
-        group = dist.new_group()
+        group = env.new_group()
         stage = static_stage(module, index, stages, cfg.batch_size, width_in, width_out,
                              env.device, dtype, group)
         schedule = schedule_cls(stage, micro_batches, loss_fn=nn.MSELoss(),

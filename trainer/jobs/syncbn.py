@@ -25,7 +25,6 @@ import gc
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -61,8 +60,8 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     torch.manual_seed(cfg.seed)
     net = conv_bn_net().to(env.device, dtype)
     initial = copy.deepcopy(net).cpu()
-    bn_group = dist.new_group()
-    ddp_group = dist.new_group()
+    bn_group = env.new_group()
+    ddp_group = env.new_group()
     if cfg.control("local-bn"):
         impl = "nn.BatchNorm2d (per-rank statistics: negative control)"
     elif env.is_cuda:

@@ -1,0 +1,112 @@
+"""Where the ranks run: how many per node, which device each takes, which backend joins them.
+
+Pure functions of (what was asked, what torch sees), so the choice is tested on a CPU-only machine
+with made-up device counts, and the supervisor, the rank program and the acceptance checks all
+decide the same way.
+
+- One GPU per rank when there are enough GPUs: NCCL.
+- More ranks than GPUs (only when asked for with `share`, or by default on a one-GPU host): the
+  ranks share the GPUs and talk over gloo, which moves CUDA tensors for broadcast, all-reduce and
+  all-gather but not for send/recv (torch's backend table), so the pipelined jobs cannot run there.
+- The CPU (`--device cpu`, or no GPU): gloo, CPU_RANKS ranks unless told otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CPU_RANKS = 4  # hybrid needs 2 stages x 2 replicas; every job spans the whole world
+# Ranks sharing the GPU of a one-GPU host: two exercise DDP, SyncBN and localize on CUDA; more
+# would not let hybrid run (it needs send/recv, which gloo cannot do on CUDA tensors).
+SHARED_RANKS = 2
+# CUDA_VISIBLE_DEVICES values that hide every GPU: Slurm sets NoDevFiles for a job step given no
+# GPU (Kaldi's utils/parallel/slurm.pl unsets it for that reason), "" and -1 are the usual ways
+# to hide all devices. An index past the GPU count hides everything from that entry on
+# (thuml/Autoformer#25: CUDA_VISIBLE_DEVICES=1 on a one-GPU host, torch trained on the CPU).
+HIDING_VALUES = ("", "-1", "NoDevFiles")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # "cpu" or "cuda:N"
+    backend: str  # "nccl" | "gloo"
+    shared: bool = False  # several ranks on one GPU (gloo on CUDA tensors)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def p2p(self) -> bool:
+        """Can the backend send/recv tensors on this device? (gloo: CPU tensors only)"""
+        return self.backend == "nccl" or not self.is_cuda
+
+    def describe(self) -> str:
+        if self.shared:
+            return f"{self.device} shared with other ranks over gloo"
+        return f"{self.device} over {self.backend}"
+
+
+def place(preference: str, local_rank: int, local_world: int, cuda_count: int) -> Placement:
+    """The device and backend of one rank. `cuda_count`: devices torch sees on this node."""
+    if preference == "cpu" or (preference == "auto" and cuda_count == 0):
+        return Placement("cpu", "gloo")
+    if cuda_count == 0:
+        raise ValueError("--device cuda: torch sees no CUDA device")
+    if local_world <= cuda_count:
+        return Placement(f"cuda:{local_rank}", "nccl")
+    # NCCL refuses two ranks on one device ("Duplicate GPU detected"): share over gloo.
+    return Placement(f"cuda:{local_rank % cuda_count}", "gloo", shared=True)
+
+
+def choose_nproc(requested: int | None, preference: str, cuda_count: int,
+                 share: bool = False) -> tuple[int, bool]:
+    """(ranks per node, ranks share GPUs). Raises ValueError with a one-line reason for a rank
+    count the node cannot give: more ranks than GPUs without `share`, or CUDA asked of a node
+    whose torch sees none."""
+    if requested is not None and requested < 1:
+        raise ValueError(f"--nproc must be >= 1, not {requested}")
+    if preference == "cpu" or (preference == "auto" and cuda_count == 0):
+        return requested or CPU_RANKS, False
+    if cuda_count == 0:
+        raise ValueError("--device cuda: torch sees no CUDA device")
+    if requested is None:
+        if cuda_count >= 2:
+            return cuda_count, False
+        return SHARED_RANKS, True  # a one-GPU host still exercises the CUDA paths
+    if requested > cuda_count and not share:
+        raise ValueError(f"--nproc {requested} is more than the {cuda_count} GPU(s) torch sees: "
+                         f"use --nproc {cuda_count} or fewer, --share-gpu (ranks share GPUs over "
+                         "gloo) or --device cpu")
+    return requested, requested > cuda_count
+
+
+def hides_every_gpu(cuda_visible_devices: str | None, bus_gpus: int | None = None) -> bool:
+    """True when CUDA_VISIBLE_DEVICES leaves torch no device: NoDevFiles, empty, -1, or a first
+    entry CUDA cannot use (CUDA ignores everything from the first invalid entry on), such as an
+    index >= `bus_gpus`."""
+    if cuda_visible_devices is None:
+        return False
+    value = cuda_visible_devices.strip()
+    if value in HIDING_VALUES:
+        return True
+    first = value.split(",")[0].strip()
+    if first.isdigit():
+        return bus_gpus is not None and int(first) >= bus_gpus
+    return not first.startswith(("GPU-", "MIG-"))
+
+
+def why_torch_cannot_use_gpus(info: Any, environ: Mapping[str, str],
+                              bus_gpus: int | None = None) -> str:
+    """Why torch sees no GPU on a host that has some on the PCI bus (`info`: a TorchInfo)."""
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if getattr(info, "error", None):
+        return f"torch cannot use CUDA: {info.error}"
+    if getattr(info, "cuda", None) is None:
+        return f"torch {info.version} is a CPU-only build"
+    if hides_every_gpu(cvd, bus_gpus):
+        return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
+    return (f"torch.cuda.is_available() is False (torch {info.version}, CUDA {info.cuda}"
+            + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "") + ")")
