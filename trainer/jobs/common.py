@@ -123,3 +123,41 @@ def device_type(env: DistEnv) -> str:
 
 def describe_band(band: float) -> dict[str, Any]:
     return {"band_rel": band, "band_steps": BAND_STEPS, "band_lr": BAND_LR}
+
+
+def holds(name: str, ok: bool, why: str) -> Comparison:
+    """A yes/no fact as a comparison (e.g. "the model was compiled"), so it joins the verdict."""
+    return Comparison(name, 0.0 if ok else float("inf"), 0.0 if ok else float("inf"), 0.0, 0.0,
+                      ok, "" if ok else why)
+
+
+def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:
+    """DDP over a group of its own (the job's collectives never mix with the control group)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=[env.device] if env.is_cuda else None,
+                                   process_group=dist.new_group(), **kw)
+
+
+def ddp_train(env: DistEnv, model: nn.Module, data: TeacherDataset, steps: int, per_rank: int,
+              lr: float, momentum: float, phase: str, beats_at: Any,
+              autocast: bool = False) -> list[float]:
+    """This rank's slice of each global batch, `steps` SGD steps; returns its local losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    dtype = model_dtype(model)
+    losses = []
+    for step in range(steps):
+        if beats_at(step):
+            env.beat(f"{phase}-step-{step}")
+        r = rows(step, per_rank, env.world_size, env.rank)
+        x, y = data.x[r].to(env.device, dtype), data.y[r].to(env.device)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    del opt
+    return [float(v) for v in losses]
