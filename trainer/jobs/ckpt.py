@@ -57,31 +57,32 @@ def _fresh(cfg: TrainConfig, env: DistEnv, dtype: torch.dtype, seed: int) -> nn.
 
 def ddp_rank0(env: DistEnv, cfg: TrainConfig, initial: nn.Module, data: Any, dtype: torch.dtype,
               where: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(uninterrupted, resumed) parameters of the DDP run with a rank-0 full checkpoint."""
+    """(uninterrupted, resumed) parameters of the DDP run with a rank-0 full checkpoint. The run
+    saves half-way and carries on (the uninterrupted run); fresh objects then resume."""
     half, path = cfg.steps // 2, where / "ddp-full.pt"
-    out = []
-    for resume in (False, True):
-        model = common.ddp(copy.deepcopy(initial).to(env.device, dtype), env)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-        _steps(env, model, opt, data, 0, half if resume else cfg.steps, cfg, "ddp")
-        if resume:
-            env.beat(f"{NAME}/ddp-save")
-            if env.rank == 0:
-                torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(),
-                            "step": half}, path)
-            env.barrier()
-            del model, opt
-            model = common.ddp(_fresh(cfg, env, dtype, cfg.seed + 99), env)
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-            state = torch.load(path, map_location=env.device, weights_only=True)
-            model.module.load_state_dict(state["model"])
-            if not cfg.control("ckpt-no-optim"):
-                opt.load_state_dict(state["optim"])
-            _steps(env, model, opt, data, state["step"], cfg.steps, cfg, "ddp-resumed")
-        out.append(unwrap_names(params_of(model)))
-        del model, opt
-        gc.collect()
-    return out[0], out[1]
+    model = common.ddp(copy.deepcopy(initial).to(env.device, dtype), env)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    _steps(env, model, opt, data, 0, half, cfg, "ddp")
+    env.beat(f"{NAME}/ddp-save")
+    if env.rank == 0:
+        torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": half},
+                   path)
+    env.barrier()
+    _steps(env, model, opt, data, half, cfg.steps, cfg, "ddp")
+    whole = unwrap_names(params_of(model))
+    del model, opt
+    gc.collect()
+    model = common.ddp(_fresh(cfg, env, dtype, cfg.seed + 99), env)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    state = torch.load(path, map_location=env.device, weights_only=True)
+    model.module.load_state_dict(state["model"])
+    if not cfg.control("ckpt-no-optim"):
+        opt.load_state_dict(state["optim"])
+    _steps(env, model, opt, data, state["step"], cfg.steps, cfg, "ddp-resumed")
+    resumed = unwrap_names(params_of(model))
+    del model, opt
+    gc.collect()
+    return whole, resumed
 
 
 def fsdp_dcp(env: DistEnv, cfg: TrainConfig, initial: nn.Module, data: Any, dtype: torch.dtype,
@@ -89,32 +90,32 @@ def fsdp_dcp(env: DistEnv, cfg: TrainConfig, initial: nn.Module, data: Any, dtyp
     """(uninterrupted, resumed) full parameters of the FSDP2 run with a DCP checkpoint."""
     half, path = cfg.steps // 2, where / "fsdp-dcp"
     mesh = init_device_mesh(env.device.type, (env.world_size,))
-    out = []
-    for resume in (False, True):
-        model = fsdp.shard(copy.deepcopy(initial).to(env.device, dtype), mesh)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-        _steps(env, model, opt, data, 0, half if resume else cfg.steps, cfg, "fsdp")
-        if resume:
-            env.beat(f"{NAME}/dcp-save")
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
-            del model, opt, msd, osd
-            model = fsdp.shard(_fresh(cfg, env, dtype, cfg.seed + 99), mesh)
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-            env.beat(f"{NAME}/dcp-load")
-            msd, osd = get_state_dict(model, opt)
-            state = {"model": msd} if cfg.control("ckpt-no-optim") else {"model": msd, "optim": osd}
-            dcp.load(state, checkpoint_id=str(path))
-            if "optim" in state:
-                set_state_dict(model, opt, model_state_dict=state["model"],
-                               optim_state_dict=state["optim"])
-            else:
-                set_model_state_dict(model, state["model"])
-            _steps(env, model, opt, data, half, cfg.steps, cfg, "fsdp-resumed")
-        out.append(common.full_params(model))
-        del model, opt
-        gc.collect()
-    return out[0], out[1]
+    model = fsdp.shard(copy.deepcopy(initial).to(env.device, dtype), mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    _steps(env, model, opt, data, 0, half, cfg, "fsdp")
+    env.beat(f"{NAME}/dcp-save")
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    del msd, osd
+    _steps(env, model, opt, data, half, cfg.steps, cfg, "fsdp")
+    whole = common.full_params(model)
+    del model, opt
+    gc.collect()
+    model = fsdp.shard(_fresh(cfg, env, dtype, cfg.seed + 99), mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    env.beat(f"{NAME}/dcp-load")
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd} if cfg.control("ckpt-no-optim") else {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    if "optim" in state:
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(model, state["model"])
+    _steps(env, model, opt, data, half, cfg.steps, cfg, "fsdp-resumed")
+    resumed = common.full_params(model)
+    del model, opt
+    gc.collect()
+    return whole, resumed
 
 
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
