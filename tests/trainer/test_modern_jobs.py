@@ -10,6 +10,7 @@ FLOPs per token, compiler detection) is tested without a process group.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +25,8 @@ from checks.profiles import Profile
 from checks.suite import acceptance
 from trainer import cli
 from trainer.config import TrainConfig
-from trainer.jobs import MODERN, ORDER
-from trainer.jobs import common, compile as compile_job, fsdp, throughput
+from trainer.jobs import MODERN, ORDER, common, fsdp, throughput
+from trainer.jobs import compile as compile_job
 from trainer.launcher import SuiteOutcome, run_jobs
 from trainer.report import JobReport
 
@@ -200,7 +201,7 @@ def test_gpt_language_is_learnable_and_seeded() -> None:
     assert torch.equal(a, throughput.sequences(s, 3, 7, torch.device("cpu")))
     nxt: dict[int, int] = {}
     for row in a.tolist():
-        for t, u in zip(row, row[1:], strict=False):
+        for t, u in itertools.pairwise(row):
             assert nxt.setdefault(t, u) == u  # each token always has the same successor
 
 

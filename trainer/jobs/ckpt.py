@@ -24,8 +24,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..config import TrainConfig
@@ -50,7 +49,7 @@ def _steps(env: DistEnv, model: nn.Module, opt: torch.optim.Optimizer, data: Any
         opt.step()
 
 
-def _fresh(cfg: TrainConfig, env: DistEnv, dtype: torch.dtype, seed: int) -> nn.Module:
+def _fresh(cfg: TrainConfig, env: DistEnv, dtype: torch.dtype, seed: int) -> nn.Sequential:
     torch.manual_seed(seed)
     return mlp(cfg.hidden).to(env.device, dtype)
 
@@ -105,7 +104,8 @@ def fsdp_dcp(env: DistEnv, cfg: TrainConfig, initial: nn.Module, data: Any, dtyp
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     env.beat(f"{NAME}/dcp-load")
     msd, osd = get_state_dict(model, opt)
-    state = {"model": msd} if cfg.control("ckpt-no-optim") else {"model": msd, "optim": osd}
+    state: dict[str, Any] = {"model": msd} if cfg.control("ckpt-no-optim") else {"model": msd,
+                                                                                "optim": osd}
     dcp.load(state, checkpoint_id=str(path))
     if "optim" in state:
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -30,7 +30,6 @@ from torch import nn
 from ..config import TrainConfig
 from ..distenv import DistEnv
 from ..report import ERROR, FAIL, JobReport
-from . import common
 
 NAME = "throughput"
 
