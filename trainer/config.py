@@ -14,10 +14,23 @@ CONTROLS: dict[str, str] = {
     "static-graph": "hybrid: DDP(static_graph=True) with inferred stage shapes (silently stops syncing)",
     "local-bn": "syncbn: plain per-rank BatchNorm in place of the synchronized one",
     "tf32": "single: matmuls in TF32 (10-bit mantissa) instead of IEEE fp32 (emulated on the CPU)",
+    "fsdp-early-optimizer": "fsdp: optimizer built before fully_shard (it keeps the replaced "
+                            "parameters; nothing trains)",
+    "tp-rank-data": "tp: each tensor-parallel rank reads its own batch instead of its group's",
+    "bf16-weights": "bf16: model cast to bfloat16 (no fp32 master weights) instead of autocast",
+    "compile-outer": "compile: torch.compile(DDP(model)) (torch 2.13 breaks the graph at DDP's "
+                     "forward and runs eager)",
+    "accum-no-divide": "accum: micro-batch losses not divided by the accumulation steps",
+    "loader-no-sampler": "loader: DataLoader(shuffle=True) without DistributedSampler",
+    "ckpt-no-optim": "ckpt: resumed without the optimizer state (momentum restarts at zero)",
 }
 CONTROL_JOB = {"sum-loss": "ddp", "no-set-epoch": "ddp", "pad-indices": "ddp",
                "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn",
-               "tf32": "single"}
+               "tf32": "single",
+               "fsdp-early-optimizer": "fsdp", "tp-rank-data": "tp", "bf16-weights": "bf16",
+               "compile-outer": "compile", "accum-no-divide": "accum",
+               "loader-no-sampler": "loader", "ckpt-no-optim": "ckpt"}
+COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 # Default tolerances per dtype (|actual - expected| <= atol + rtol * |expected|, elementwise).
 # fp32: measured differences after ~20 steps are ~1e-7 (../shared/notes/torch-cpu.md); float64 ~1e-16.
@@ -40,6 +53,9 @@ class TrainConfig:
     device: str = "auto"            # auto (cuda when available) | cpu | cuda
     beat_every: int = 10            # heartbeat every step during warm-up, then every Nth step
     controls: list[str] = field(default_factory=list)
+    # compile job: inductor (what training runs; on CPU it builds C++, ~20 s per cold launch) or
+    # aot_eager (dynamo + AOTAutograd + DDP graph splitting, no code generation)
+    compile_backend: str = "inductor"
 
     def tolerances(self) -> tuple[float, float]:
         rtol, atol = TOLERANCES[self.dtype]
@@ -62,6 +78,9 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(TOLERANCES)}, not {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compile backend must be one of {', '.join(COMPILE_BACKENDS)}, "
+                             f"not {self.compile_backend!r}")
         unknown = [c for c in self.controls if c not in CONTROLS]
         if unknown:
             raise ValueError(f"unknown negative control {', '.join(unknown)} "

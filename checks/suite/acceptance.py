@@ -28,7 +28,8 @@ from ..model import Result, error, fail, passed, skip
 from ..registry import check
 from ..workloads import plan as workload_plan
 
-JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn")
+JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
+        "fsdp", "tp", "bf16", "compile", "accum", "loader", "ckpt", "throughput")
 # Jobs that judge each GPU on its own: they run on whatever GPUs are usable. Every other job
 # proves training ACROSS GPUs, and FAILs when fewer than --expect-gpus are usable.
 PER_DEVICE = ("single", "localize")
@@ -47,7 +48,23 @@ REMEDY = {
               "it, run the vendor diagnostics (dcgmi diag -r 3) and RMA it quoting its serial",
     "localize": "rerun `python -m trainer localize`; the named GPU computes wrong gradients: "
                 "drain it, run dcgmi diag -r 3 and RMA it quoting its serial",
+    "fsdp": "rerun `python -m trainer fsdp`; check NCCL all-gather/reduce-scatter (collective "
+            "checks) and that torch matches requires in pyproject",
+    "tp": "rerun `python -m trainer tp`; check NCCL all-reduce and the torch install",
+    "bf16": "rerun `python -m trainer bf16`; a loss outside the band with an exact fp32 ddp job "
+            "points at the GPU's bf16 path (compute checks)",
+    "compile": "rerun `python -m trainer compile`; check the C++ compiler / Triton install",
+    "accum": "rerun `python -m trainer accum`; check NCCL all-reduce (collective checks)",
+    "loader": "rerun `python -m trainer loader`; check /dev/shm and the dataloader checks",
+    "ckpt": "rerun `python -m trainer ckpt`; check the scratch filesystem (space, permissions)",
+    "throughput": "compare with `python -m trainer throughput` on a healthy node of this model; "
+                  "check clocks, power caps and NVLink (health checks)",
 }
+# Profile keys for the throughput check (optional; GPU hosts only): thresholds.train_tokens_per_s
+# (per GPU), thresholds.train_mfu (fraction of peaks.bf16_tflops), thresholds.train_weak_scaling
+# (tokens/s on N GPUs / (N x one GPU)).
+THROUGHPUT_FLOORS = {"train_tokens_per_s": "throughput_tokens_per_s_per_rank",
+                     "train_mfu": "mfu", "train_weak_scaling": "throughput_weak_scaling_efficiency"}
 REMEDY_BLOCKED = ("make torch see the GPUs: unset or fix CUDA_VISIBLE_DEVICES (Slurm: request "
                   "GPUs with --gres/--gpus), install a CUDA build of torch (make provision), see "
                   "gpu-count and cuda-compat")
@@ -101,6 +118,14 @@ def plan(ctx: Context) -> Plan:
         reason = skip(f"{exc} (--nproc of `checks verify`)")
         verdicts.update({j: reason for j in wanted if j not in verdicts})
         return Plan([], verdicts=verdicts)
+    if shared:
+        # Ranks sharing one GPU talk over gloo, which has no CUDA reduce-scatter/all-gather for
+        # FSDP and tensor parallel; the modern jobs are not proven on one shared GPU.
+        from trainer.jobs import MODERN
+
+        reason = skip(f"{gpus} GPU: the ranks share it over gloo, which lacks the CUDA "
+                      "collectives these jobs need (run on a host with 2 or more GPUs)")
+        verdicts.update({j: reason for j in wanted if j in MODERN and j not in verdicts})
     return Plan([j for j in wanted if j not in verdicts], nproc, shared, verdicts)
 
 
@@ -112,7 +137,11 @@ def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
             from trainer.launcher import run_jobs
 
             workdir = Path(ctx.options.workdir) / "acceptance" if ctx.options.workdir else None
-            suite = run_jobs(p.jobs, TrainConfig(), nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
+            # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the
+            # compile job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
+            cfg = TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count
+                              else "aot_eager")
+            suite = run_jobs(p.jobs, cfg, nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
                              stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
             _cache[ctx] = dict(suite.reports)
         return _cache[ctx]
@@ -159,7 +188,38 @@ def _job_check(ctx: Context, job: str) -> Result:
     reports = _run_suite(ctx, p)
     if job not in reports:
         return error(f"the acceptance launch did not run {job}")
+    if job == "throughput" and reports[job].status == "PASS":
+        return _throughput(ctx, reports[job])
     return _result(job, reports[job])
+
+
+def _throughput(ctx: Context, report: Any) -> Result:
+    """Figures as information; MFU against the profile's bf16 peak and the profile's floors on
+    GPU hosts (a CPU has no bf16 peak in any profile)."""
+    figures = dict(report.figures)
+    on_gpu = report.details.get("backend") == "nccl"
+    peak = ctx.profile.get("peaks.bf16_tflops")
+    if on_gpu and peak:
+        figures["mfu"] = figures["throughput_model_tflops_per_rank"] / float(peak)
+    details = {"figures": figures, **{k: v for k, v in report.details.items() if k != "log_tail"},
+               "bf16_peak_tflops": peak if on_gpu else None}
+    kw: dict[str, Any] = {"details": details, "value": figures["throughput_tokens_per_s_per_rank"],
+                          "unit": "tokens/s per rank"}
+    mfu = f", MFU {figures['mfu']:.1%} of {peak:g} TFLOP/s bf16" if "mfu" in figures else (
+        ", MFU n/a (CPU)" if not on_gpu else f", MFU n/a (profile {ctx.profile.name} has no "
+                                              "peaks.bf16_tflops)")
+    low = []
+    for key, figure in THROUGHPUT_FLOORS.items():
+        floor = ctx.profile.get(f"thresholds.{key}")
+        if on_gpu and floor is not None and figure in figures and figures[figure] < float(floor):
+            low.append(f"{figure} {figures[figure]:.4g} < thresholds.{key} {float(floor):g}")
+    if low:
+        return fail(f"below profile {ctx.profile.name}: {'; '.join(low)}",
+                    remedy=REMEDY["throughput"], **kw)
+    floors = [k for k in THROUGHPUT_FLOORS if ctx.profile.get(f"thresholds.{k}") is not None]
+    note = (f"; floors {', '.join(floors)} met" if on_gpu and floors
+            else "; information (no floor applies)")
+    return passed(report.message + mfu + note, **kw)
 
 
 def _register(job: str, code: str, title: str) -> None:
@@ -180,3 +240,12 @@ _register("single", "ACC006", "every GPU (and the CPU) trains alone in fp32 with
           "bound of float64")
 _register("localize", "ACC007", "every rank's local gradients on the same batch equal float64 "
           "before the all-reduce (names a faulty GPU)")
+_register("fsdp", "ACC008", "FSDP2 (fully_shard) equals one device; bf16 mixed precision in band")
+_register("tp", "ACC009", "tensor parallel and 2D (data x tensor) equal one device")
+_register("bf16", "ACC010", "DDP under bf16 autocast keeps the loss within the band of fp32")
+_register("compile", "ACC011", "DDP over torch.compile equals eager and really compiles")
+_register("accum", "ACC012", "DDP with several buckets and no_sync accumulation equals one device")
+_register("loader", "ACC013", "DDP fed by DataLoader workers and DistributedSampler equals one "
+          "device")
+_register("ckpt", "ACC014", "checkpoint mid-run (rank-0 and DCP), resume, equal uninterrupted")
+_register("throughput", "ACC015", "GPT-style training throughput, MFU and weak scaling")

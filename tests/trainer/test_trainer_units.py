@@ -129,5 +129,7 @@ def test_acceptance_checks_are_registered() -> None:
     codes = {cid: registry.REGISTRY[cid] for cid in (f"train-{j}" for j in acceptance.JOBS)}
     assert {j: c.code for j, c in zip(acceptance.JOBS, codes.values(), strict=True)} == {
         "dp": "ACC001", "ddp": "ACC002", "pipeline": "ACC003", "hybrid": "ACC004",
-        "syncbn": "ACC005", "single": "ACC006", "localize": "ACC007"}
+        "syncbn": "ACC005", "single": "ACC006", "localize": "ACC007", "fsdp": "ACC008",
+        "tp": "ACC009", "bf16": "ACC010", "compile": "ACC011", "accum": "ACC012",
+        "loader": "ACC013", "ckpt": "ACC014", "throughput": "ACC015"}
     assert all(c.level == "standard" and c.stage == "acceptance" for c in codes.values())

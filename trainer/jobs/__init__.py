@@ -10,9 +10,14 @@ if TYPE_CHECKING:
     from ..distenv import DistEnv
     from ..report import JobReport
 
+# Jobs of what training runs today (FSDP2, tensor parallel, bf16, compile, ...): imported only when
+# selected, each pulls in more of torch.distributed.
+MODERN = ("fsdp", "tp", "bf16", "compile", "accum", "loader", "ckpt", "throughput")
+
 JobFn = Callable[["DistEnv", "TrainConfig"], "JobReport | None"]
 
-ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn")
+ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
+         "fsdp", "tp", "bf16", "compile", "accum", "loader", "ckpt", "throughput")
 
 
 def get(name: str) -> JobFn:
@@ -21,4 +26,8 @@ def get(name: str) -> JobFn:
 
     modules = {"dp": dp, "ddp": ddp, "pipeline": pipeline, "hybrid": hybrid, "syncbn": syncbn,
                "single": single, "localize": localize}
+    if name in MODERN:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__).run  # type: ignore[no-any-return]
     return modules[name].run

@@ -1,0 +1,67 @@
+"""`bf16`: DDP under bf16 autocast keeps the loss curve within a calibrated band of fp32.
+
+bf16 cannot equal fp32, so this is a band, reported apart from the exact fp32 equivalence of the
+`ddp` job: DDP (fp32 master weights) with the forward under `torch.autocast(bfloat16)` trains
+common.BAND_STEPS steps at common.BAND_LR; every step's global loss (mean of the ranks' losses)
+must lie within common.BF16_BAND (relative) of the fp32 single-device curve on the same batches,
+and the replicas must stay bit-identical. Negative control `bf16-weights`: the model cast to
+bfloat16 with no fp32 master copy (small updates round away), which must leave the band.
+
+    torchrun --standalone --nproc-per-node=2 -m trainer bf16
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import torch
+
+from ..config import TrainConfig
+from ..distenv import DistEnv
+from ..models import mlp, params_of, unwrap_names
+from ..report import JobReport, identical
+from . import common
+
+NAME = "bf16"
+
+
+def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
+    world = env.world_size
+    if world < 2:
+        return JobReport(NAME, "SKIP", f"needs >= 2 ranks, have {world}")
+    b = cfg.batch_size
+    torch.manual_seed(cfg.seed)
+    initial = mlp(cfg.hidden)
+    data = common.dataset(env, common.BAND_STEPS, b, torch.float32, cfg.seed)
+    env.beat(f"{NAME}/setup")
+    weights_bf16 = cfg.control("bf16-weights")
+    model = common.ddp(copy.deepcopy(initial).to(env.device, torch.bfloat16 if weights_bf16
+                                                  else torch.float32), env)
+    losses = common.ddp_train(env, model, data, common.BAND_STEPS, b, common.BAND_LR,
+                              cfg.momentum, NAME, cfg.beats_at, autocast=not weights_bf16)
+    final = unwrap_names(params_of(model))
+    del model
+    gc.collect()
+    env.beat(f"{NAME}/gather")
+    gathered = env.gather({"losses": losses, "params": final})
+    if gathered is None:
+        return None
+    env.beat(f"{NAME}/reference")
+    _, baseline = common.reference(initial, data, common.BAND_STEPS, b * world, common.BAND_LR,
+                                   cfg.momentum, env.device, torch.float32)
+    curve = common.mean_curve([g["losses"] for g in gathered])
+    comparisons = [
+        common.loss_band("bf16 autocast: loss curve vs fp32 single-device", curve, baseline,
+                         common.BF16_BAND),
+        identical("replicas identical", [g["params"] for g in gathered]),
+    ]
+    details = {"world_size": world, "global_batch": b * world, "loss_first": curve[0],
+               "loss_last": curve[-1], "fp32_loss_last": baseline[-1],
+               "precision": "bf16 weights, no master copy (negative control)" if weights_bf16
+               else "autocast bf16 forward, fp32 master weights and loss",
+               **common.describe_band(common.BF16_BAND)}
+    return JobReport.judge(NAME, comparisons,
+                           f"bf16 autocast DDP on {world} ranks: loss within "
+                           f"{common.BF16_BAND:g} of fp32 over {common.BAND_STEPS} steps (max rel "
+                           f"{comparisons[0].max_rel:.2g}); replicas identical", details=details)

@@ -1,0 +1,163 @@
+"""Pieces the modern-parallelism jobs share: sliced global batches, the single-device reference,
+loss-curve bands, full parameters out of DTensors, a scratch directory every rank sees.
+
+The jobs here feed each rank a fixed slice of a seeded global batch (rank r of G ranks takes rows
+[r*b, (r+1)*b) of step k's batch), so the reference is plain full-batch training and the data
+path cannot hide a parallelism bug; the `loader` job is the one that tests DistributedSampler and
+DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..data import TeacherDataset
+from ..distenv import DistEnv
+from ..models import D_IN, D_OUT
+from ..report import Comparison, compare
+
+# Loss-curve comparisons for bf16 (autocast, FSDP mixed precision) run this many steps at this
+# learning rate: the band below was calibrated there (docs/trainer.md, "Calibrated bands").
+BAND_STEPS, BAND_LR = 40, 0.01
+# |loss_bf16 - loss_fp32| <= BF16_BAND x loss_fp32 at every step. Measured on this project's MLP
+# (30 seeds, torch 2.13 CPU): autocast bf16 deviates at most 0.0025 (median 0.0013); a model cast
+# to bf16 without fp32 master weights (the `bf16-weights` control) at least 0.023.
+BF16_BAND = 0.01
+
+
+def dataset(env: DistEnv, steps: int, per_rank: int, dtype: torch.dtype,
+            seed: int, replicas: int | None = None) -> TeacherDataset:
+    """Enough seeded teacher data for `steps` global batches of `per_rank` x replicas rows."""
+    replicas = replicas or env.world_size
+    return TeacherDataset(steps * per_rank * replicas, (D_IN,), D_OUT, seed=seed, dtype=dtype)
+
+
+def rows(step: int, per_rank: int, replicas: int, replica: int | None = None) -> slice:
+    """Rows of step `step`'s global batch: all of them, or those of one replica."""
+    start = step * per_rank * replicas
+    if replica is None:
+        return slice(start, start + per_rank * replicas)
+    return slice(start + replica * per_rank, start + (replica + 1) * per_rank)
+
+
+def reference(initial: nn.Module, data: TeacherDataset, steps: int, global_batch: int, lr: float,
+              momentum: float, device: torch.device,
+              dtype: torch.dtype | None = None) -> tuple[nn.Module, list[float]]:
+    """The single-device run: the same initial weights trained on each whole global batch."""
+    model = copy.deepcopy(initial).to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    losses = []
+    for step in range(steps):
+        r = rows(step, global_batch, 1)
+        x, y = data.x[r].to(device, model_dtype(model)), data.y[r].to(device, model_dtype(model))
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return model, losses
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def loss_band(name: str, curve: list[float], baseline: list[float], band: float) -> Comparison:
+    """Every step's loss within `band` (relative) of the baseline's; non-finite losses fail."""
+    return compare(name, {"loss": torch.tensor(curve, dtype=torch.float64)},
+                   {"loss": torch.tensor(baseline, dtype=torch.float64)}, band, 0.0)
+
+
+def mean_curve(per_rank: list[list[float]]) -> list[float]:
+    """The global batch's loss from each rank's mean loss over an equal share of it."""
+    return [sum(v) / len(v) for v in zip(*per_rank, strict=True)]
+
+
+def full_params(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by name as whole tensors on the CPU. DTensors (FSDP shards, tensor
+    parallel pieces) are gathered: a collective, so every rank of their mesh must call this."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in module.state_dict().items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        out[key] = value.detach().to("cpu", copy=True)
+    return out
+
+
+def local_shards(module: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's own piece of each DTensor parameter (what it stores and updates)."""
+    return {k: v.to_local().detach().to("cpu", copy=True) for k, v in module.state_dict().items()
+            if isinstance(v, DTensor)}
+
+
+def scratch_dir(env: DistEnv, name: str) -> Path:
+    """A directory every rank of this node sees (in the launch's workdir when supervised);
+    checkpoints need one shared path, so rank 0 chooses it and tells the others."""
+    base = env.reporter.workdir
+    path = None
+    if env.rank == 0:
+        path = str(base / f"{name}-scratch" if base else Path(tempfile.mkdtemp(prefix=f"{name}-")))
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(env.broadcast(path))
+
+
+def remove_dir(env: DistEnv, path: Path) -> None:
+    env.barrier()
+    if env.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def device_type(env: DistEnv) -> str:
+    return env.device.type
+
+
+def describe_band(band: float) -> dict[str, Any]:
+    return {"band_rel": band, "band_steps": BAND_STEPS, "band_lr": BAND_LR}
+
+
+def holds(name: str, ok: bool, why: str) -> Comparison:
+    """A yes/no fact as a comparison (e.g. "the model was compiled"), so it joins the verdict."""
+    return Comparison(name, 0.0 if ok else float("inf"), 0.0 if ok else float("inf"), 0.0, 0.0,
+                      ok, "" if ok else why)
+
+
+def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:
+    """DDP over a group of its own (the job's collectives never mix with the control group)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=[env.device] if env.is_cuda else None,
+                                   process_group=dist.new_group(), **kw)
+
+
+def ddp_train(env: DistEnv, model: nn.Module, data: TeacherDataset, steps: int, per_rank: int,
+              lr: float, momentum: float, phase: str, beats_at: Any,
+              autocast: bool = False) -> list[float]:
+    """This rank's slice of each global batch, `steps` SGD steps; returns its local losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    dtype = model_dtype(model)
+    losses = []
+    for step in range(steps):
+        if beats_at(step):
+            env.beat(f"{phase}-step-{step}")
+        r = rows(step, per_rank, env.world_size, env.rank)
+        x, y = data.x[r].to(env.device, dtype), data.y[r].to(env.device)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.to(y.dtype), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    del opt
+    return [float(v) for v in losses]

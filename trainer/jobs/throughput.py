@@ -1,0 +1,189 @@
+"""`throughput`: a small GPT-style model's training speed, as information (floors per profile).
+
+A decoder-only transformer (token + position embeddings, pre-norm blocks of causal
+scaled-dot-product attention and a 4x GELU MLP, untied head) trains with AdamW under DDP on a
+learnable synthetic language (each token fixes the next through a seeded permutation), bf16
+autocast on GPUs, fp32 on CPU. Reported: tokens/s (whole world and per rank), model FLOPs per
+token (6 x matmul parameters + 12 x layers x width x context, Kaplan et al. 2020 / PaLM app. B),
+peak memory (CUDA max allocated; on CPU the process's max RSS), and weak scaling: the same
+per-rank batch on 1, 2, 4, ... N ranks, efficiency = tokens/s(n) / (n x tokens/s(1)). MFU
+against the profile's bf16 peak and the profile's floors are applied by the acceptance check.
+The job FAILs when the loss is not finite or does not go down (the model must learn), and
+reports ERROR when a figure could not be measured.
+
+    torchrun --standalone --nproc-per-node=8 -m trainer throughput
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import TrainConfig
+from ..distenv import DistEnv
+from ..report import ERROR, FAIL, JobReport
+
+NAME = "throughput"
+
+
+@dataclass(frozen=True)
+class GptSize:
+    vocab: int
+    context: int
+    width: int
+    layers: int
+    heads: int
+    batch: int   # sequences per rank per step
+    warmup: int
+    steps: int   # timed steps after the warm-up
+
+
+GPU_SIZE = GptSize(vocab=50304, context=1024, width=768, layers=12, heads=12, batch=8,
+                   warmup=5, steps=20)  # GPT-2 small's shape
+CPU_SIZE = GptSize(vocab=256, context=64, width=64, layers=2, heads=4, batch=4, warmup=2, steps=6)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, s: GptSize) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(s.vocab, s.width), nn.Embedding(s.context, s.width)
+        self.blocks = nn.Sequential(*[Block(s.width, s.heads) for _ in range(s.layers)])
+        self.ln, self.head = nn.LayerNorm(s.width), nn.Linear(s.width, s.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
+
+
+def flops_per_token(model: Gpt, s: GptSize) -> float:
+    """Training FLOPs per token: 6 per matmul weight (forward 2, backward 4) plus attention's
+    scores and weighted sum (12 x layers x width x context)."""
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return 6.0 * matmul + 12.0 * s.layers * s.width * s.context
+
+
+def sequences(s: GptSize, n: int, seed: int, device: torch.device) -> torch.Tensor:
+    """n sequences of context+1 tokens of a language where token t is always followed by
+    perm[t] (learnable; the loss must fall from ln(vocab))."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(s.vocab, generator=g)
+    out = torch.empty(n, s.context + 1, dtype=torch.long)
+    out[:, 0] = torch.randint(s.vocab, (n,), generator=g)
+    for t in range(1, s.context + 1):
+        out[:, t] = perm[out[:, t - 1]]
+    return out.to(device)
+
+
+def measure(env: DistEnv, s: GptSize, ranks: int, group: Any, cfg: TrainConfig,
+            ) -> dict[str, Any] | None:
+    """DDP on the first `ranks` ranks for warm-up + timed steps; the others wait. Rank 0 returns
+    tokens/s, the loss curve and peak memory; other ranks None."""
+    result = None
+    if env.rank < ranks:
+        torch.manual_seed(cfg.seed)
+        gpt = Gpt(s).to(env.device)
+        model = nn.parallel.DistributedDataParallel(
+            gpt, device_ids=[env.device] if env.is_cuda else None, process_group=group)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = sequences(s, s.batch * (s.warmup + s.steps), cfg.seed + env.rank, env.device)
+        if env.is_cuda:
+            torch.cuda.reset_peak_memory_stats(env.device)
+        losses, start = [], 0.0
+        for step in range(s.warmup + s.steps):
+            if step == s.warmup:
+                env.sync()
+                start = time.perf_counter()
+            if cfg.beats_at(step):
+                env.beat(f"{NAME}/{ranks}-ranks-step-{step}")
+            batch = data[step * s.batch:(step + 1) * s.batch]
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.is_cuda):
+                logits = model(batch[:, :-1])
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        env.sync()
+        elapsed = time.perf_counter() - start
+        tokens = ranks * s.batch * s.context * s.steps
+        peak = (torch.cuda.max_memory_allocated(env.device) if env.is_cuda
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        if env.rank == 0:
+            result = {"tokens_per_s": tokens / elapsed if elapsed > 0 else float("nan"),
+                      "losses": [float(v) for v in losses], "peak_memory_bytes": peak,
+                      "flops_per_token": flops_per_token(gpt, s),
+                      "params": sum(p.numel() for p in gpt.parameters())}
+        del model, opt, gpt
+        gc.collect()
+    env.barrier()
+    return result
+
+
+def scaling_sizes(world: int) -> list[int]:
+    sizes = [1 << i for i in range(world.bit_length()) if 1 << i <= world]
+    return sizes if sizes[-1] == world else [*sizes, world]
+
+
+def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
+    s = GPU_SIZE if env.is_cuda else CPU_SIZE
+    world = env.world_size
+    sizes = scaling_sizes(world)
+    groups = {n: dist.new_group(list(range(n))) for n in sizes}  # every rank creates every group
+    runs = {n: measure(env, s, n, groups[n], cfg) for n in sizes}
+    if env.rank != 0:
+        return None
+    whole, one = runs[world], runs[1]
+    assert whole is not None and one is not None
+    rate, rate1 = whole["tokens_per_s"], one["tokens_per_s"]
+    figures = {
+        "throughput_tokens_per_s": rate, "throughput_tokens_per_s_per_rank": rate / world,
+        "throughput_flops_per_token": whole["flops_per_token"],
+        "throughput_model_tflops_per_rank": rate / world * whole["flops_per_token"] / 1e12,
+        "throughput_peak_memory_bytes": float(whole["peak_memory_bytes"]),
+        "throughput_weak_scaling_efficiency": rate / (world * rate1),
+        **{f"throughput_tokens_per_s_{n}_ranks": runs[n]["tokens_per_s"] for n in sizes},  # type: ignore[index]
+    }
+    losses = whole["losses"]
+    details: dict[str, Any] = {
+        "model": {**asdict(s), "params": whole["params"]}, "world_size": world,
+        "scaling_ranks": sizes, "precision": "bf16 autocast" if env.is_cuda else "fp32",
+        "peak_memory": "torch.cuda.max_memory_allocated" if env.is_cuda
+        else "process max RSS (includes torch itself)", "loss_first": losses[0],
+        "loss_last": losses[-1]}
+    summary = (f"{rate:,.0f} tokens/s on {world} rank(s) ({rate / world:,.0f} per rank, "
+               f"{figures['throughput_model_tflops_per_rank']:.3g} model TFLOP/s per rank), "
+               f"weak scaling {figures['throughput_weak_scaling_efficiency']:.2f} at {world}")
+    bad = [k for k, v in figures.items() if not math.isfinite(v) or v <= 0]
+    if bad:
+        return JobReport(NAME, ERROR, f"could not measure {', '.join(bad)}", figures=figures,
+                         details=details)
+    if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
+        return JobReport(NAME, FAIL, f"the model did not learn: loss {losses[0]:.4g} -> "
+                         f"{losses[-1]:.4g} over {len(losses)} steps", figures=figures,
+                         details=details)
+    return JobReport(NAME, "PASS", summary, figures=figures, details=details)
