@@ -243,7 +243,8 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, timeout_s: floa
             args += ["--timeout", f"{timeout_s:g}"]
             if checks_args:
                 args += ["--", *checks_args]
-        lines = ["#!/bin/sh", f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts"]
+        lines = ["#!/bin/sh",
+                 f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts"]
         if conf:
             lines.append(f"export SLURM_CONF={shlex.quote(conf)}")
         lines.append(f"exec {shlex.quote(sys.executable)} -m checks.fleet.slurm {shlex.join(args)}")
@@ -369,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Slurm opens --output before the script runs: the directory must exist (on the
             # file system the nodes share).
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            sys.stdout.write(batch_script(args.nodes, str(Path(args.out).resolve()), args.port, args.minutes, args.level,
+            out = str(Path(args.out).resolve())
+            sys.stdout.write(batch_script(args.nodes, out, args.port, args.minutes, args.level,
                                           args.checks_args, node_args))
             return 0
         if args.command == "prolog":

@@ -173,7 +173,7 @@ class LinuxBackend(Backend):
                 return name
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             return "kubernetes"
-        env_marker = os.environ.get("container")  # systemd's convention for container managers
+        env_marker = os.environ.get("container")  # noqa: SIM112 - systemd's lower-case convention
         if env_marker:
             return env_marker
         cgroup = _read(Path("/proc/1/cgroup")) or ""

@@ -11,6 +11,7 @@ links.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -114,10 +115,8 @@ class SlurmCluster:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 10
         for proc in self.procs:
             try:
@@ -131,10 +130,8 @@ class SlurmCluster:
             pids = subprocess.run(["ip", "netns", "pids", self.netns(node)], capture_output=True,
                                   text=True, check=False).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
             _ip("netns", "del", self.netns(node), check=False)
         _ip("link", "del", self.bridge, check=False)
 

@@ -20,7 +20,7 @@ from checks.fleet import slurm, synthetic
 from checks.fleet.synthetic import Broken
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, missing_tools  # noqa: E402
+from slurmcluster import SlurmCluster, missing_tools
 
 NODES = ("gpu07", "gpu11", "n1")
 ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")

@@ -27,6 +27,7 @@ LOST = "0000:5d:00.0"
 PER_GPU = ("persistence-mode", "ecc-errors", "retired-pages", "row-remap", "pcie-link",
            "clock-throttle", "gpu-temperature", "gpu-power", "nvlink", "mig-mode", "compute-mode")
 BAD = W("FAIL", "ERROR")
+KERNEL_LOG = ("xid-events", "nvswitch-sxid", "pcie-aer")  # the checks that read the kernel log
 
 CASES = [
     # Healthy node types: no FAIL, no WARN.
@@ -44,7 +45,7 @@ CASES = [
     Case("node-h100-nvl-pair-link-down", {"nvlink": "FAIL"},
          {"nvlink": {"0000:33:00.0": "FAIL", "0000:8b:00.0": "FAIL"}}),
     Case("node-container-2of8",
-         {**dict.fromkeys(("xid-events", "nvswitch-sxid", "pcie-aer"), "ERROR"), "fabric-manager": W("SKIP", "WARN", "PASS")}),
+         {**dict.fromkeys(KERNEL_LOG, "ERROR"), "fabric-manager": W("SKIP", "WARN", "PASS")}),
     Case("node-slurm-nodevfiles", {"gpu-count": "FAIL"}),
     Case("node-cvd-empty", {"gpu-count": "FAIL"}),
     Case("node-cvd-minus1", {"gpu-count": "FAIL"}),
@@ -57,8 +58,8 @@ CASES = [
          {"gpu-count": {LOST: "FAIL"}, "xid-events": {LOST: "FAIL"},
           **{c: {LOST: BAD} for c in PER_GPU}}),
     # Every kernel-log check could not measure (the three read one log).
-    Case("node-kernel-log-unreadable", dict.fromkeys(("xid-events", "nvswitch-sxid", "pcie-aer"), "ERROR")),
-    Case("node-kernel-log-no-entries", dict.fromkeys(("xid-events", "nvswitch-sxid", "pcie-aer"), "ERROR")),
+    Case("node-kernel-log-unreadable", dict.fromkeys(KERNEL_LOG, "ERROR")),
+    Case("node-kernel-log-no-entries", dict.fromkeys(KERNEL_LOG, "ERROR")),
     Case("node-hgx-7of8", {"gpu-count": "FAIL"}),
 ]
 

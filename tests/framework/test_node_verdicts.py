@@ -77,7 +77,7 @@ def test_vm_slice_still_fails_a_real_fault(simulate) -> None:
 
 
 def test_sxm_gpus_without_nvswitch_or_links_warn(simulate) -> None:
-    code, report = simulate(VM_SLICE + """gpus:
+    _, report = simulate(VM_SLICE + """gpus:
   - {pci_bus_id: "0000:06:00.0", uuid: GPU-1}
   - {pci_bus_id: "0000:07:00.0", uuid: GPU-2}
 """)
@@ -111,7 +111,8 @@ def test_bridged_h100_nvl_pair_with_12_of_18_links_passes(simulate) -> None:
 
 
 def test_bridged_pair_with_a_link_down_fails_that_gpu(simulate) -> None:
-    code, report = simulate(H100_NVL_PAIR + "gpu_overrides:\n  1: {nvlink: {links: 18, inactive: [3, 12, 13, 14, 15, 16, 17]}}\n")
+    override = "gpu_overrides:\n  1: {nvlink: {links: 18, inactive: [3, 12, 13, 14, 15, 16, 17]}}\n"
+    code, report = simulate(H100_NVL_PAIR + override)
     failed = [r for r in _results(report, "nvlink") if r["status"] == "FAIL"]
     assert code == 1 and [r["device"]["pci"] for r in failed] == ["0000:61:00.0"]
     assert "11 of 12 NVLink links up" in failed[0]["message"]

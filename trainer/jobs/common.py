@@ -133,11 +133,10 @@ def holds(name: str, ok: bool, why: str) -> Comparison:
 
 def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:
     """DDP over a group of its own (the job's collectives never mix with the control group)."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(module, device_ids=[env.device] if env.is_cuda else None,
-                                   process_group=dist.new_group(), **kw)
+                                   process_group=env.new_group(), **kw)
 
 
 def ddp_train(env: DistEnv, model: nn.Module, data: TeacherDataset, steps: int, per_rank: int,

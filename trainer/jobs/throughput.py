@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..config import TrainConfig
@@ -153,7 +152,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     s = GPU_SIZE if env.is_cuda else CPU_SIZE
     world = env.world_size
     sizes = scaling_sizes(world)
-    groups = {n: dist.new_group(list(range(n))) for n in sizes}  # every rank creates every group
+    groups = {n: env.new_group(list(range(n))) for n in sizes}  # every rank creates every group
     runs = {n: measure(env, s, n, groups[n], cfg) for n in sizes}
     if env.rank != 0:
         return None
