@@ -1,18 +1,23 @@
-"""The check catalogue as a Markdown table, embedded in README.md between markers.
+"""Generated tables embedded in the docs between markers: the check catalogue (docs/checks.md)
+and the list of shipped scenarios (docs/scenarios.md). A test keeps both in sync with the code.
 
-    python -m checks.catalog            # print the table
-    python -m checks.catalog --write    # refresh README.md in place
+    python -m checks.catalog            # print the check table
+    python -m checks.catalog --write    # refresh both documents in place
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 from . import registry
 
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS_DOC = ROOT / "docs" / "checks.md"
+SCENARIOS_DOC = ROOT / "docs" / "scenarios.md"
 BEGIN, END = "<!-- checks:begin -->", "<!-- checks:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+SCENARIOS_BEGIN, SCENARIOS_END = "<!-- scenarios:begin -->", "<!-- scenarios:end -->"
 
 
 def markdown() -> str:
@@ -25,14 +30,35 @@ def markdown() -> str:
     return "\n".join(rows)
 
 
-def embed(text: str) -> str:
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{markdown()}\n{END}{tail}"
+def scenarios_markdown() -> str:
+    """Every shipped scenario with the first sentence of its description (which names its
+    source)."""
+    from .hw.fixture import load_scenario, shipped
+
+    rows = ["| scenario | what it is (from its `description`) |", "|---|---|"]
+    for name in shipped():
+        text = " ".join(str(load_scenario(name).get("description", "")).split())
+        first = re.split(r"(?<=[.!?])\s+(?=[A-Z(])", text, maxsplit=1)[0]
+        rows.append(f"| `{name}` | {first.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def embed(text: str, begin: str = BEGIN, end: str = END, table: str | None = None) -> str:
+    head, found, rest = text.partition(begin)
+    if not found:
+        raise ValueError(f"marker {begin} missing")
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{markdown() if table is None else table}\n{end}{tail}"
+
+
+def write() -> None:
+    CHECKS_DOC.write_text(embed(CHECKS_DOC.read_text()))
+    SCENARIOS_DOC.write_text(embed(SCENARIOS_DOC.read_text(), SCENARIOS_BEGIN, SCENARIOS_END,
+                                   scenarios_markdown()))
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        README.write_text(embed(README.read_text()))
+        write()
     else:
         print(markdown())
