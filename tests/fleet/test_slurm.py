@@ -273,9 +273,10 @@ def test_batch_job_verifies_across_the_allocated_nodes(slurm_env, tmp_path) -> N
     assert proc.returncode == 0, (log.read_text() if log.exists() else proc.stderr)[-3000:]
     run = reports / job
     fleet = json.loads((run / "fleet.json").read_text())
-    assert sorted(h["host"] for h in fleet["hosts"]) == ["gpu07", "gpu11"]
+    hosts = sorted(h["host"] for h in fleet["hosts"])
+    assert len(hosts) == 2 and set(hosts) <= set(NODES)  # the two nodes Slurm allocated
     node_reports = {p.stem: json.loads(p.read_text()) for p in (run / "crosshost" / "r0g0").glob("*.json")}
-    assert sorted(node_reports) == ["gpu07", "gpu11"]
+    assert sorted(node_reports) == hosts
     for report in node_reports.values():
         statuses = {c["id"]: c["status"] for c in report["checks"]}
         assert statuses == {"xhost-collective": "PASS", "xhost-ddp": "PASS"}, report

@@ -45,8 +45,12 @@ def test_more_ranks_than_gpus_skips_in_default_mode_too(run_cli: Any) -> None:
 def test_prohibited_gpu_is_skipped_with_the_reason_and_the_others_measured(run_cli: Any
                                                                           ) -> None:
     code, report = run_cli("--simulate", "workload-compute-prohibited", "--level", "burn-in")
-    assert code == 0
     checks = by_id(report)
+    # The node fails, and only for the reason that is true: compute-mode names the GPU.
+    assert code == 1
+    assert {c["id"] for c in report["checks"] if c["status"] in ("FAIL", "ERROR")} == {"compute-mode"}
+    (bad,) = [r for r in checks["compute-mode"]["results"] if r["status"] == "FAIL"]
+    assert bad["device"]["pci"] == "0000:3a:00.0"
     for check_id in ("gpu-matmul", "gpu-membw", "burn-in"):
         rows = checks[check_id]["results"]
         assert [r["status"] for r in rows] == ["PASS", "PASS", "SKIP"] + ["PASS"] * 5, check_id

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -64,6 +64,18 @@ def train(env: DistEnv, model: nn.Module, data: Any, cfg: TrainConfig, phase: st
     del opt
 
 
+def mesh_2d(env: DistEnv, dp: int, tp: int) -> DeviceMesh:
+    """A (dp, tp) mesh whose groups come from env.new_group, so they carry the job's timeout
+    (init_device_mesh would create its sub-groups with c10d's 30-minute default). Every rank
+    creates every group, in the same order, and keeps the two it belongs to."""
+    grid = torch.arange(dp * tp).reshape(dp, tp)
+    tp_groups = [env.new_group(grid[i].tolist()) for i in range(dp)]
+    dp_groups = [env.new_group(grid[:, j].tolist()) for j in range(tp)]
+    row, col = divmod(env.rank, tp)
+    return DeviceMesh.from_group([dp_groups[col], tp_groups[row]], env.device.type, mesh=grid,
+                                 mesh_dim_names=("dp", "tp"))
+
+
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     world = env.world_size
     if world < 2:
@@ -94,7 +106,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     d2_full = d2_replicated = None
     if two_d:
         env.beat(f"{NAME}/2d-setup")
-        mesh2 = init_device_mesh(env.device.type, (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        mesh2 = mesh_2d(env, world // 2, 2)
         model2 = copy.deepcopy(initial).to(env.device, dtype)
         parallelize_module(model2, mesh2["tp"], PLAN)
         fully_shard(model2, mesh=mesh2["dp"])
