@@ -15,10 +15,12 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# Only the hang test relies on the stall limit; the others keep it well above start-up time on
+# a loaded 2-core machine.
 ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
 
 
-def run(tmp_path: Path, inject: str = "", iters: int = 5, stall_s: float = 4.0
+def run(tmp_path: Path, inject: str = "", iters: int = 5, stall_s: float = 30.0
         ) -> launch.LaunchOutcome:
     env = {**ENV, "NODECERT_INJECT": inject} if inject else ENV
     return launch.launch("probe_rank", [str(iters)], nproc=2, timeout_s=90, stall_s=stall_s,
