@@ -39,8 +39,11 @@ endif
 system-deps:
 	@bash .ci/system-deps.sh
 
+# Two workers (the machine has 2 cores): the e2e suite on one while the others run on the other;
+# each suite directory stays on one worker (tests/conftest.py). TEST_JOBS=0 runs in-process.
+TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup) $(ARGS)
 
 lint: $(DEV_DEPS)
 	$(VENV)/bin/ruff check checks trainer tests benchmarks
