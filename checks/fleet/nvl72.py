@@ -43,12 +43,14 @@ class Finding:
     message: str
 
 
-def _details(report: dict[str, Any], check_id: str) -> dict[str, Any] | None:
+def _details(report: dict[str, Any], check_id: str,
+             statuses: tuple[str, ...] = ("PASS", "WARN", "FAIL", "ERROR")) -> dict[str, Any] | None:
+    """The details of the first result of `check_id` with one of `statuses` that has any."""
     for chk in report.get("checks", []):
         if chk.get("id") == check_id:
             for result in chk.get("results", []):
                 details = result.get("details") or {}
-                if details:
+                if details and result.get("status") in statuses:
                     return details
     return None
 
@@ -57,7 +59,9 @@ def trays(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[Tray]:
     """The hosts whose report has a complete tray-level fabric identity."""
     found = []
     for host, report in reports:
-        fabric = _details(report, "nvl72-fabric")
+        # Only a tray whose GPUs all registered has one identity (a failing tray is already
+        # failed by its own report).
+        fabric = _details(report, "nvl72-fabric", ("PASS",))
         if not fabric or "cluster_uuid" not in fabric:
             continue
         imex = _details(report, "imex-service")
