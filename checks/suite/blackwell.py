@@ -21,6 +21,7 @@ from ..model import Result, error, fail, passed, skip, warn
 from ..registry import check
 
 DRIVER = ("driver-loaded",)
+ON_BUS = ("pci-gpus",)  # no GPU on the bus: skip with its reason
 ZERO_UUID = re.compile(r"^[0-]*$")
 OPEN_FLAVOUR = "Open Kernel Module"
 REMEDY_OPEN = ("install the open kernel module flavour of the same driver branch (Ubuntu: "
@@ -38,7 +39,7 @@ def _not_blackwell(ctx: Context) -> Result:
 
 
 @check("blackwell-open-module", code="GPU030", title="Blackwell: open GPU kernel module loaded",
-       stage="inventory")
+       stage="inventory", needs=ON_BUS)
 def open_module(ctx: Context) -> Iterator[Result]:
     """Blackwell GPUs run only with NVIDIA's open kernel modules (driver README): the
     proprietary nvidia.ko cannot initialise them (RmInitAdapter fails, NVML lists no GPU). The
@@ -74,7 +75,7 @@ def open_module(ctx: Context) -> Iterator[Result]:
 
 
 @check("blackwell-platform", code="GPU031", title="Blackwell platform from the PCI bus and DMI",
-       stage="inventory")
+       stage="inventory", needs=ON_BUS)
 def platform(ctx: Context) -> Iterator[Result]:
     """Says which Blackwell platform this node is: the profile chosen from the GPUs' PCI device
     IDs, the number of GPUs on the bus against the platform's (8 on HGX, 4 on an NVL72 tray),
@@ -264,7 +265,7 @@ def nvl72_fabric(ctx: Context) -> Iterator[Result]:
 
 
 @check("imex-service", code="GPU034", title="NVL72 tray: IMEX service running with its node list",
-       stage="health")
+       stage="health", needs=ON_BUS)
 def imex_service(ctx: Context) -> Iterator[Result]:
     """Multi-node NVLink memory sharing needs nvidia-imex running on every tray of the domain
     with nodes_config.cfg listing the domain's nodes (NVIDIA IMEX guide). FAILs: the unit not
