@@ -118,7 +118,7 @@ def _fabric_of(ctx: Context) -> tuple[dict[int, dict[str, Any]], list[Result]]:
             problems.append(skip("not measured: GPU is lost (see gpu-count)", device=gpu.device))
             continue
         try:
-            infos[gpu.device.index] = dict(gpu.handle.query("fabric_info"))
+            infos[gpu.handle.index] = dict(gpu.handle.query("fabric_info"))
         except NotSupported as exc:
             problems.append(error(f"GPU fabric info not available from this driver: {exc}",
                                   device=gpu.device,
@@ -192,7 +192,7 @@ def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
     for index, info in sorted(infos.items()):
         if not _registered(info):
             bad = True
-            gpu = next(g for g in ctx.gpus if g.device.index == index)
+            gpu = next(g for g in ctx.gpus if g.handle.index == index)
             why = ("NVLSM not running" if nvlsm_state != "active" else "registration stuck")
             yield fail(f"GPU fabric registration {info.get('state')} (status "
                        f"{info.get('status')}); {why}", value=info.get("state"),
@@ -227,7 +227,7 @@ def nvl72_fabric(ctx: Context) -> Iterator[Result]:
         if not problems:
             yield _no_gpu_answers(ctx)
         return
-    by_index = {g.device.index: g for g in ctx.gpus}
+    by_index = {g.handle.index: g for g in ctx.gpus}
     bad = False
     for index, info in sorted(infos.items()):
         uuid, clique = str(info.get("cluster_uuid") or ""), int(info.get("clique_id") or 0)

@@ -291,3 +291,12 @@ def test_fixture_rejects_a_misspelt_host_key(tmp_path: Path) -> None:
     bad.write_text("extends: blackwell-gb200-tray-healthy\nhost: {imex_node: [1.2.3.4]}\n")
     with pytest.raises(ScenarioError, match="imex_node"):
         load_scenario(str(bad))
+
+
+def test_nvl72_lost_gpu_is_not_passed() -> None:
+    data = load_scenario("blackwell-gb200-tray-healthy")
+    data["gpus"][1] = {**data["gpus"][1], "lost": True}
+    ctx = Context(FixtureBackend(data), profiles.load("gb200-nvl72"), Options())
+    results = list(blackwell.nvl72_fabric(ctx))
+    assert _statuses(results) == [Status.SKIP]
+    assert "lost" in results[0].message and results[0].device.index == 1
