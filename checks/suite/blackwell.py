@@ -17,7 +17,7 @@ from typing import Any
 
 from ..context import Context
 from ..hw.base import HardwareError, NotSupported
-from ..model import Result, error, fail, passed, skip, warn
+from ..model import Result, Status, error, fail, passed, skip, warn
 from ..registry import check
 
 DRIVER = ("driver-loaded",)
@@ -161,7 +161,7 @@ def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
     nvlsm_unit = str(fabric.get("nvlsm_unit", "nvlsm"))
     infos, problems = _fabric_of(ctx)
     yield from problems
-    bad = bool(problems)
+    bad = any(r.status is Status.ERROR for r in problems)
     if not infos and not problems:
         bad = True
         yield _no_gpu_answers(ctx)
@@ -256,10 +256,11 @@ def nvl72_fabric(ctx: Context) -> Iterator[Result]:
                    expected="1", details={"pairs": sorted(pairs)},
                    remedy="the tray's GPUs sit in different NVLink partitions: fix the partition "
                           "on the switch trays, then reset the GPUs")
-    if bad or problems:
+    if bad:
         return
     ((uuid, clique),) = pairs
-    yield passed(f"{len(infos)} GPUs registered, cluster UUID {uuid}, clique ID {clique}",
+    yield passed(f"{len(infos)}/{len(ctx.gpus)} GPUs registered, cluster UUID {uuid}, clique ID "
+                 f"{clique}",
                  value=clique, expected="completed, one cluster UUID and clique",
                  details={"cluster_uuid": uuid, "clique_id": clique, "gpus": len(infos)})
 

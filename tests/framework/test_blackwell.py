@@ -298,5 +298,7 @@ def test_nvl72_lost_gpu_is_not_passed() -> None:
     data["gpus"][1] = {**data["gpus"][1], "lost": True}
     ctx = Context(FixtureBackend(data), profiles.load("gb200-nvl72"), Options())
     results = list(blackwell.nvl72_fabric(ctx))
-    assert _statuses(results) == [Status.SKIP]
+    # the lost GPU is not measured (gpu-count fails it); the three others are judged
+    assert _statuses(results) == [Status.SKIP, Status.PASS]
     assert "lost" in results[0].message and results[0].device.index == 1
+    assert results[1].message.startswith("3/4 GPUs registered")
