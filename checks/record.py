@@ -209,6 +209,9 @@ class Recorder:
         host["device_nodes"] = self.fact("gpu_device_nodes", hw.gpu_device_nodes)
         host["fabric_manager_version"] = self.fact("fabric_manager_version",
                                                    hw.fabric_manager_version)
+        host["imex_nodes"] = self.fact("imex_nodes_config", hw.imex_nodes_config,
+                                       errors_ok=True)
+        host["dmi_product"] = self.fact("dmi_product", hw.dmi_product)
         host["services"] = _drop_missing(host["services"])
         return _drop_missing(host)
 

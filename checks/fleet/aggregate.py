@@ -26,6 +26,7 @@ from .. import profiles
 from ..model import Status
 from . import figures as figs
 from . import load as loader
+from . import nvl72
 from . import stragglers as strag
 
 if TYPE_CHECKING:
@@ -181,6 +182,15 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
             entries[host] = HostEntry(host, "MISSING", host_errors.get(host) or "no report")
     hosts = sorted(entries.values(), key=lambda h: h.host)
     by_check = _spread(hosts)
+    # NVL72 trays of one NVLink domain must agree on cluster UUID, clique and IMEX node list.
+    domain = nvl72.find((h.host, h.report) for h in hosts if h.report is not None)
+    if domain:
+        by_check.insert(0, CheckSpread(nvl72.CHECK_ID, nvl72.CODE, nvl72.TITLE,
+                                       [Occurrence(f.host, f.status, f.message, []) for f in domain]))
+        for finding in domain:
+            entry = entries[finding.host]
+            entry.status = "FAIL" if entry.status in ("PASS", "WARN") else entry.status
+            entry.problems.append(nvl72.CHECK_ID)
 
     figures: list[figs.Figure] = []
     curves: list[figs.Curve] = []

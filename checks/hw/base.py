@@ -214,6 +214,15 @@ class Backend(abc.ABC):
         """Version of the installed Fabric Manager (nv-fabricmanager), None when not installed."""
         return None
 
+    def imex_nodes_config(self) -> list[str] | None:
+        """Node addresses in /etc/nvidia-imex/nodes_config.cfg (IMEX_NODE_CONFIG_FILE), one per
+        line, comments and blank lines dropped; None when the file does not exist."""
+        return None
+
+    def dmi_product(self) -> str | None:
+        """DMI product name (/sys/class/dmi/id/product_name), None when the firmware gives none."""
+        return None
+
     @abc.abstractmethod
     def environ(self) -> Mapping[str, str]: ...
 

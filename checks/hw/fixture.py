@@ -34,7 +34,8 @@ TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", 
             "nvswitches", "torch", "measurements"}
 HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
              "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env",
-             "virtualization", "container", "device_nodes", "fabric_manager_version"}
+             "virtualization", "container", "device_nodes", "fabric_manager_version",
+             "imex_nodes", "dmi_product"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
@@ -379,6 +380,15 @@ class FixtureBackend(Backend):
 
     def fabric_manager_version(self) -> str | None:
         return self._host.get("fabric_manager_version")
+
+    def imex_nodes_config(self) -> list[str] | None:
+        # `imex_nodes:` absent or null: no nodes_config.cfg; `{error: ...}`: unreadable.
+        nodes = _value(self._host.get("imex_nodes"))
+        return None if nodes is None else [str(n) for n in nodes]
+
+    def dmi_product(self) -> str | None:
+        value = self._host.get("dmi_product")
+        return None if value is None else str(value)
 
     def torch(self) -> TorchInfo:
         spec = dict(self.scenario.get("torch") or {})

@@ -19,6 +19,7 @@ from .torchview import read_torch
 SYS_PCI = Path("/sys/bus/pci/devices")
 EFI_VARS = Path("/sys/firmware/efi/efivars")
 DMI = Path("/sys/class/dmi/id")
+IMEX_NODES_CONFIG = Path("/etc/nvidia-imex/nodes_config.cfg")  # NVIDIA IMEX guide, default path
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,5}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # DMI sys_vendor / product_name of common hypervisors -> the name systemd-detect-virt uses.
 DMI_HYPERVISORS = (("Microsoft Corporation", "microsoft"), ("Amazon EC2", "amazon"),
@@ -206,6 +207,19 @@ class LinuxBackend(Backend):
             raise HardwareError(f"cannot parse the Fabric Manager version from "
                                 f"{(proc.stdout + proc.stderr).strip()[:80]!r}")
         return match.group(1)
+
+    def imex_nodes_config(self) -> list[str] | None:
+        try:
+            text = IMEX_NODES_CONFIG.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise HardwareError(f"{IMEX_NODES_CONFIG}: {exc.strerror or exc}") from exc
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+        return [line for line in lines if line]
+
+    def dmi_product(self) -> str | None:
+        return _read(DMI / "product_name") or None
 
     def torch(self) -> TorchInfo:
         if self._torch is None:

@@ -25,7 +25,7 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
     (["--level", "extreme"], "invalid choice"),
     (["--only", "no-such-check"], "unknown check id or tag: no-such-check"),
     (["--simulate", "/nonexistent.yaml"], "no such file or shipped scenario"),
-    (["--profile", "b300"], "unknown profile 'b300'"),
+    (["--profile", "z999"], "unknown profile 'z999'"),
     (["--expect-gpus", "eight"], "invalid int value"),
     (["--duration", "soon"], "invalid duration"),
 ])
