@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 import os
 import sys
 import threading
@@ -18,13 +17,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import cli as fleet_cli
 from checks.fleet import synthetic
 from checks.fleet.synthetic import Broken
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from promtools import APT_HINT, NodeExporter, node_exporter_binary, samples  # noqa: E402
+from promtools import APT_HINT, NodeExporter, node_exporter_binary, samples, two_fleet_runs
 
 ECC = Broken("node0001", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
 
@@ -191,26 +189,7 @@ def test_an_in_place_rewrite_is_caught_half_read(textfiles, exporter, h100_repor
 def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h100_report) -> None:
     """Two fleet runs through `python -m checks.fleet report`: a straggler GPU, a lemon (the same
     GPU failing in both runs), and a host whose report stopped coming in run 2."""
-    hosts = [synthetic.host_name(i) for i in range(12)]
-    inventory = tmp_path / "hosts.txt"
-    inventory.write_text("\n".join(hosts) + "\n")
-    history = tmp_path / "history.sqlite"
-    slow = [synthetic.Slow("node0007", "matmul_bf16_tflops", 0.8, gpu=3)]
-    broken = [Broken("node0004", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC errors")]
-    for run in ("run-1", "run-2"):
-        reports = synthetic.build(12, base=h100_report, run_id=run, slow=slow, broken=broken)
-        if run == "run-2":
-            reports = [r for r in reports if r["host"] != "node0009"]
-            for r in reports:
-                started = dt.datetime.fromisoformat(r["started_at"]) + dt.timedelta(days=1)
-                r["started_at"] = started.isoformat()
-        directory = synthetic.write(reports, tmp_path / run)
-        code = fleet_cli.main(["report", str(directory), "--expect-hosts", ",".join(hosts),
-                               "--history", str(history), "--prometheus-dir", str(textfiles), "-q",
-                               "--json", str(tmp_path / f"{run}.json")])
-        assert code == 1  # a failed host and a straggler FAIL
-
-    fleet = json.loads((tmp_path / "run-2.json").read_text())
+    fleet = two_fleet_runs(tmp_path, h100_report, textfiles)
     families = _families(exporter.scrape())
     _no_textfile_error(families)
     assert len(families["node_textfile_mtime_seconds"]) == 13  # 12 hosts + nodecert-fleet.prom
@@ -220,10 +199,10 @@ def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h1
     assert hosts_by_status["MISSING"] == 1.0
     assert _one(families["nodecert_fleet_host_missing"], host="node0009").labels["status"] == "MISSING"
 
-    # node0009's file is the one from run 1: its timestamp is a day behind the others'
+    # node0009's file is the one from run 1: its timestamp is two days behind the others'
     last = {s.labels["host"]: s.value for s in families["nodecert_last_run_timestamp_seconds"]}
     assert len(last) == 12
-    assert last["node0008"] - last["node0009"] == pytest.approx(86400)
+    assert last["node0008"] - last["node0009"] == pytest.approx(2 * 86400)
 
     report7 = next(r for r in synthetic.build(12, base=h100_report) if r["host"] == "node0007")
     dev = _device(report7, "gpu-matmul", 3)
