@@ -1,10 +1,13 @@
 """Prometheus textfile-collector output (`.prom`) for node_exporter.
 
 One file per host (or one for several hosts, every series labelled with `host`), written with
-prometheus_client's write_to_textfile: to a temporary name, then renamed, so node_exporter never
-reads half a file. Metric names follow Prometheus conventions: base units (bytes, seconds, flops)
-and the unit as a suffix; figures are converted from the unit their name ends in.
-"""
+prometheus_client's write_to_textfile: to a temporary name in the same directory (not ending in
+.prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
+file or the new one, never half of one. Metric names follow Prometheus conventions: base units
+(bytes, seconds, flops) and the unit as a suffix; figures are converted from the unit their name
+ends in. Every metric, label, alert rule and dashboard panel is described in docs/prometheus.md;
+the alert rules and dashboard that use these names live in checks/monitoring/.
+""""""
 
 from __future__ import annotations
 
