@@ -7,7 +7,7 @@ file or the new one, never half of one. Metric names follow Prometheus conventio
 (bytes, seconds, flops) and the unit as a suffix; figures are converted from the unit their name
 ends in. Every metric, label, alert rule and dashboard panel is described in docs/prometheus.md;
 the alert rules and dashboard that use these names live in checks/monitoring/.
-""""""
+"""
 
 from __future__ import annotations
 

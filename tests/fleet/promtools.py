@@ -151,7 +151,7 @@ class PrometheusServer:
         }))
         for _ in range(3):  # the port can be taken between free_port() and the bind
             self.address = f"127.0.0.1:{free_port()}"
-            log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115 (closed with the process)
+            log = open(self.workdir / "prometheus.log", "wb")
             self._proc = subprocess.Popen(
                 [binary, f"--config.file={config}", f"--web.listen-address={self.address}",
                  f"--storage.tsdb.path={self.workdir / 'data'}"],
@@ -160,7 +160,8 @@ class PrometheusServer:
             if self._wait_ready():
                 return self
             self.__exit__()
-        raise RuntimeError("prometheus did not start:\n" + (self.workdir / "prometheus.log").read_text()[-3000:])
+        log_text = (self.workdir / "prometheus.log").read_text()
+        raise RuntimeError("prometheus did not start:\n" + log_text[-3000:])
 
     def _wait_ready(self, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout

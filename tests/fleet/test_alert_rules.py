@@ -19,8 +19,7 @@ import yaml
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from promtools import (  # noqa: E402
-    APT_HINT, FLEET_QUIET, NodeExporter, PrometheusServer, two_fleet_runs)
+from promtools import APT_HINT, FLEET_QUIET, NodeExporter, PrometheusServer, two_fleet_runs
 
 MONITORING = Path(prometheus.__file__).resolve().parents[1] / "monitoring"
 RULES = MONITORING / "alerts.yml"
