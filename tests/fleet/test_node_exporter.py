@@ -120,23 +120,22 @@ def test_stale_file_is_replaced_and_the_old_status_is_gone(textfiles, exporter, 
     assert sorted(os.listdir(textfiles)) == ["nodecert.prom"]
 
 
-def _rewrite_until(stop: threading.Event, path: Path, texts: list[bytes], atomic: bool) -> None:
-    """Rewrite `path` with each text in turn: by rename (ours), or in place (the broken way,
-    with a pause half way so that a reader can catch the file half written)."""
+def _rewrite_until(stop: threading.Event, path: Path, runs: list[dict[str, Any]],
+                   texts: list[bytes], atomic: bool) -> None:
+    """Rewrite `path` with each run in turn: with prometheus.write (ours), or in place (the
+    broken way, with a pause half way so that a reader can catch the file half written)."""
     i = 0
     while not stop.is_set():
-        data = texts[i % len(texts)]
-        i += 1
         if atomic:
-            tmp = path.with_name(f"{path.name}.tmp")
-            tmp.write_bytes(data)
-            os.rename(tmp, path)
+            prometheus.write([runs[i % len(runs)]], path)
         else:
+            data = texts[i % len(texts)]
             with open(path, "wb") as f:
                 f.write(data[: len(data) // 2])
                 f.flush()
                 time.sleep(0.004)
                 f.write(data[len(data) // 2:])
+        i += 1
         time.sleep(0.003)  # a rewrite every few ms: many per scrape, CPU left for the reader
 
 
@@ -153,14 +152,14 @@ def _race(textfiles: Path, exporter: NodeExporter, runs: list[dict[str, Any]], *
           scrapes: int) -> tuple[list[set], list[set]]:
     """Scrape while a writer rewrites the file; (what each scrape saw, the complete files)."""
     texts = []
-    for run in runs:  # the bytes write() produces, so the writer loop needs no registry
+    for run in runs:  # what a complete file of each run holds
         path = prometheus.write([run], textfiles.parent / "render" / "nodecert.prom")
         texts.append(path.read_bytes())
     expected = [samples(t.decode()) for t in texts]
     target = textfiles / "nodecert.prom"
     target.write_bytes(texts[0])
     stop = threading.Event()
-    writer = threading.Thread(target=_rewrite_until, args=(stop, target, texts, atomic))
+    writer = threading.Thread(target=_rewrite_until, args=(stop, target, runs, texts, atomic))
     writer.start()
     seen = []
     try:
@@ -175,14 +174,14 @@ def _race(textfiles: Path, exporter: NodeExporter, runs: list[dict[str, Any]], *
 
 
 def test_rewrites_are_never_half_read(textfiles, exporter, h100_report) -> None:
-    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=True, scrapes=150)
+    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=True, scrapes=100)
     assert all(s in expected for s in seen), "a scrape saw a partial or mixed file"
     assert all(any(s == e for s in seen) for e in expected), "the writer never raced the scrapes"
 
 
 def test_an_in_place_rewrite_is_caught_half_read(textfiles, exporter, h100_report) -> None:
     """The control for the test above: its completeness check does see a torn file."""
-    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=False, scrapes=150)
+    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=False, scrapes=100)
     assert any(s not in expected for s in seen)
 
 
