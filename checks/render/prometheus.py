@@ -1,9 +1,12 @@
 """Prometheus textfile-collector output (`.prom`) for node_exporter.
 
 One file per host (or one for several hosts, every series labelled with `host`), written with
-prometheus_client's write_to_textfile: to a temporary name, then renamed, so node_exporter never
-reads half a file. Metric names follow Prometheus conventions: base units (bytes, seconds, flops)
-and the unit as a suffix; figures are converted from the unit their name ends in.
+prometheus_client's write_to_textfile: to a temporary name in the same directory (not ending in
+.prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
+file or the new one, never half of one. Metric names follow Prometheus conventions: base units
+(bytes, seconds, flops) and the unit as a suffix; figures are converted from the unit their name
+ends in. Every metric, label, alert rule and dashboard panel is described in docs/prometheus.md;
+the alert rules and dashboard that use these names live in checks/monitoring/.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ if TYPE_CHECKING:
 
 PREFIX = "nodecert"
 STATUSES = [s.value for s in Status]
-RESULT_LABELS = ["host", "check", "code", "gpu", "uuid"]
+# Every per-GPU series carries the GPU three ways: index (changes when a GPU falls off the bus and
+# the others renumber), PCI address (where it sits: what a technician pulls) and UUID (which board,
+# wherever it moves).
+GPU_LABELS = ["gpu", "pci", "uuid"]
+RESULT_LABELS = ["host", "check", "code", "fault_code", *GPU_LABELS]
 
 # Figure-name suffix → (metric suffix, factor to the base unit, what the unit is)
 UNITS: tuple[tuple[str, str, float, str], ...] = (
@@ -67,10 +74,26 @@ def _timestamp(report: dict[str, Any]) -> float:
     return started.timestamp() + float(report.get("duration_s") or 0.0)
 
 
-def _device_labels(result: dict[str, Any]) -> tuple[str, str]:
-    dev = result.get("device") or {}
+def _gpu_labels(dev: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(index, PCI address, UUID) of a device dict, "" for what it does not name."""
+    dev = dev or {}
     index = dev.get("index")
-    return ("" if index is None else str(index)), dev.get("uuid") or ""
+    return ("" if index is None else str(index)), dev.get("pci") or "", dev.get("uuid") or ""
+
+
+def _device_labels(result: dict[str, Any]) -> tuple[str, str, str]:
+    return _gpu_labels(result.get("device"))
+
+
+def fault_code(result: dict[str, Any], check_code: str) -> str:
+    """The result's fault code; reports written before the runner filled it in get the runner's
+    rule (WARN/FAIL: the check's code, ERROR: code-E, "could not collect"); PASS/SKIP: none."""
+    if result.get("fault_code"):
+        return str(result["fault_code"])
+    status = result.get("status")
+    if status in ("WARN", "FAIL"):
+        return check_code
+    return f"{check_code}-E" if status == "ERROR" else ""
 
 
 class ReportCollector(Collector):
@@ -81,7 +104,8 @@ class ReportCollector(Collector):
         self.fleet = fleet
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = [*self._host_metrics(), *self._check_metrics(), *self._figure_metrics()]
+        families = [*self._host_metrics(), *self._gpu_metrics(), *self._check_metrics(),
+                    *self._figure_metrics()]
         if self.fleet is not None:
             families.extend(self._fleet_metrics(self.fleet))
         yield from (f for f in families if f.samples)
@@ -114,19 +138,38 @@ class ReportCollector(Collector):
         # marks stale.
         status = GaugeMetricFamily(
             f"{PREFIX}_check_status",
-            "Outcome of a check on a host or GPU: 1, with the outcome in the status label.",
+            "Outcome of a check on a host or GPU: 1, with the outcome in the status label and the "
+            "fault code of the worst result in fault_code.",
             labels=[*RESULT_LABELS, "status"])
         for r in self.reports:
             for chk in r["checks"]:
-                worst: dict[tuple[str, str], str] = {}  # a check's worst status per GPU
+                worst: dict[tuple[str, str, str], dict[str, Any]] = {}  # worst result per GPU
                 for res in chk["results"]:
                     key = _device_labels(res)
                     prev = worst.get(key)
-                    if prev is None or Status(res["status"]).severity > Status(prev).severity:
-                        worst[key] = res["status"]
-                for (gpu, uuid), current in worst.items():
-                    status.add_metric([r["host"], chk["id"], chk["code"], gpu, uuid, current], 1.0)
+                    if prev is None or Status(res["status"]).severity > Status(prev["status"]).severity:
+                        worst[key] = res
+                for gpu_labels, res in worst.items():
+                    status.add_metric([r["host"], chk["id"], chk["code"], fault_code(res, chk["code"]),
+                                       *gpu_labels, res["status"]], 1.0)
         yield status
+
+    def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(f"{PREFIX}_gpu_info",
+                                 "A GPU the last run saw: 1, naming it by index, PCI address, UUID, "
+                                 "model and board serial (join on uuid).",
+                                 labels=["host", *GPU_LABELS, "name", "serial"])
+        for r in self.reports:
+            seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+            for chk in r["checks"]:
+                for res in chk["results"]:
+                    dev = res.get("device") or {}
+                    if dev.get("uuid") or dev.get("pci"):
+                        seen.setdefault(_gpu_labels(dev), dev)
+            for labels, dev in sorted(seen.items()):
+                info.add_metric([r["host"], *labels, dev.get("name") or "", dev.get("serial") or ""],
+                                1.0)
+        yield info
 
     def _figure_metrics(self) -> Iterator[GaugeMetricFamily]:
         families: dict[str, GaugeMetricFamily] = {}
@@ -142,13 +185,15 @@ class ReportCollector(Collector):
                         if family is None:
                             family = families[metric.name] = GaugeMetricFamily(
                                 metric.name, f"Figure measured by a nodecert check, in {metric.unit}.",
-                                labels=["host", "check", "gpu", "uuid"])
+                                labels=["host", "check", *GPU_LABELS])
                         family.add_metric([r["host"], chk["id"], *_device_labels(res)],
                                           float(value) * metric.factor)
         yield from families.values()
 
-    @staticmethod
-    def _fleet_metrics(fleet: Fleet) -> Iterator[GaugeMetricFamily]:
+    def _fleet_metrics(self, fleet: Fleet) -> Iterator[GaugeMetricFamily]:
+        last = GaugeMetricFamily(f"{PREFIX}_fleet_last_run_timestamp_seconds",
+                                 "When the last fleet report was generated (Unix time).")
+        last.add_metric([], _fleet_timestamp(fleet))
         hosts = GaugeMetricFamily(f"{PREFIX}_fleet_hosts", "Hosts of the last fleet run by status.",
                                   labels=["status"])
         for status, count in fleet.summary.items():
@@ -162,18 +207,37 @@ class ReportCollector(Collector):
                 missing.add_metric([h.host, h.status, h.reason or ""], 1.0)
         slow = GaugeMetricFamily(f"{PREFIX}_straggler_deficit_ratio",
                                  "How far a straggler is below the fleet median of its peers.",
-                                 labels=["host", "check", "figure", "gpu", "uuid", "status"])
+                                 labels=["host", "check", "figure", *GPU_LABELS, "status"])
         for s in fleet.stragglers:
-            gpu = s.gpu.to_dict() if s.gpu else {}
-            slow.add_metric([s.host, s.check, s.name,
-                             "" if gpu.get("index") is None else str(gpu["index"]),
-                             gpu.get("uuid") or "", s.status], s.deficit_pct / 100)
+            slow.add_metric([s.host, s.check, s.name, *_gpu_labels(s.gpu.to_dict() if s.gpu else None),
+                             s.status], s.deficit_pct / 100)
         lemons = GaugeMetricFamily(f"{PREFIX}_lemon_failed_runs",
-                                   "Recent runs in which this GPU failed (listed when a lemon).",
-                                   labels=["uuid", "host"])
+                                   "Recent runs in which this GPU failed (listed when a lemon); "
+                                   "host lists every host it failed on, gpu and pci where it is now.",
+                                   labels=["uuid", "host", "gpu", "pci"])
+        where = self._gpus_by_uuid()
         for lemon in fleet.lemons:
-            lemons.add_metric([lemon.uuid, ",".join(lemon.hosts)], float(lemon.failed_runs))
-        yield from (hosts, missing, slow, lemons)
+            index, pci, _ = where.get(lemon.uuid, ("", "", ""))
+            lemons.add_metric([lemon.uuid, ",".join(lemon.hosts), index, pci], float(lemon.failed_runs))
+        yield from (last, hosts, missing, slow, lemons)
+
+    def _gpus_by_uuid(self) -> dict[str, tuple[str, str, str]]:
+        """UUID → (index, PCI address, UUID) as the fleet's reports of this run name the GPU."""
+        found: dict[str, tuple[str, str, str]] = {}
+        for r in self.fleet.reports if self.fleet else []:
+            for chk in r["checks"]:
+                for res in chk["results"]:
+                    labels = _device_labels(res)
+                    if labels[2]:
+                        found.setdefault(labels[2], labels)
+        return found
+
+
+def _fleet_timestamp(fleet: Fleet) -> float:
+    try:
+        return dt.datetime.fromisoformat(fleet.generated_at).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None) -> Path:

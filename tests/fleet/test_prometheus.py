@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from checks.fleet import aggregate
+from checks.fleet.history import Lemon
 from checks.render import prometheus
 
 
@@ -32,8 +33,11 @@ def test_one_host(tmp_path, small_fleet) -> None:
     status = families["nodecert_check_status"]
     assert _one(status, check="ecc-errors", gpu="5").labels["status"] == "FAIL"
     assert _one(status, check="ecc-errors", gpu="4").labels["status"] == "PASS"
-    uuid = _one(status, check="ecc-errors", gpu="5").labels["uuid"]
-    assert uuid.startswith("GPU-")
+    ecc5 = _one(status, check="ecc-errors", gpu="5").labels
+    assert ecc5["uuid"].startswith("GPU-")
+    assert (ecc5["code"], ecc5["fault_code"]) == ("GPU002", "GPU002")
+    assert ecc5["pci"] == _one(families["nodecert_gpu_info"], gpu="5").labels["pci"] != ""
+    assert _one(status, check="ecc-errors", gpu="4").labels["fault_code"] == ""
     assert {s.value for s in status} == {1.0}
     assert _one(status, check="xid-events").labels["gpu"] == ""  # host-level check
     assert _one(families["nodecert_host_healthy"], host="node0012").value == 0.0
@@ -70,6 +74,51 @@ def test_fleet_directory(tmp_path, small_fleet) -> None:
     slow = families["nodecert_straggler_deficit_ratio"]
     assert _one(slow, host="node0010", figure="allreduce_busbw_gbs").value == pytest.approx(0.4, abs=0.03)
     assert _one(slow, host="node0007").labels["gpu"] == "3"
+    assert _one(slow, host="node0007").labels["pci"] != ""
+    assert _one(slow, host="node0010", figure="allreduce_busbw_gbs").labels["pci"] == ""
+    [stamp] = families["nodecert_fleet_last_run_timestamp_seconds"]
+    assert stamp.value == pytest.approx(dt.datetime.fromisoformat(fleet.generated_at).timestamp())
+
+
+def test_a_lemon_is_placed_where_it_is_now(tmp_path, small_fleet) -> None:
+    fleet = aggregate.from_reports(small_fleet)
+    node12 = next(r for r in small_fleet if r["host"] == "node0012")
+    gpu5 = next(r["device"] for c in node12["checks"] if c["id"] == "ecc-errors"
+                for r in c["results"] if r["device"]["index"] == 5)
+    fleet.lemons = [
+        Lemon(gpu5["uuid"], 3, 4, 5, ("node0003", "node0012"), ("ecc-errors",), "run-small"),
+        Lemon("GPU-gone", 2, 2, 5, ("node0099",), ("row-remap",), "run-0"),  # not in this run
+    ]
+    families = _parse(prometheus.write_fleet(fleet, tmp_path)[-1])
+    lemons = families["nodecert_lemon_failed_runs"]
+    here = _one(lemons, uuid=gpu5["uuid"])
+    assert here.value == 3.0
+    assert here.labels == {"uuid": gpu5["uuid"], "host": "node0003,node0012", "gpu": "5",
+                           "pci": gpu5["pci"]}
+    assert _one(lemons, uuid="GPU-gone").labels == {"uuid": "GPU-gone", "host": "node0099",
+                                                    "gpu": "", "pci": ""}
+
+
+@pytest.mark.parametrize(("result", "fault"), [
+    ({"status": "FAIL", "fault_code": "GPU002"}, "GPU002"),
+    ({"status": "ERROR", "fault_code": "XHOST01-E"}, "XHOST01-E"),
+    ({"status": "FAIL", "fault_code": None}, "GPU004"),    # a report from before the runner set it
+    ({"status": "WARN"}, "GPU004"),
+    ({"status": "ERROR", "fault_code": None}, "GPU004-E"),  # "could not collect" has its own code
+    ({"status": "PASS", "fault_code": None}, ""),
+    ({"status": "SKIP"}, ""),
+])
+def test_fault_code(result: dict, fault: str) -> None:
+    assert prometheus.fault_code(result, "GPU004") == fault
+
+
+def test_gpu_info_names_every_gpu_once(tmp_path, small_fleet) -> None:
+    report = small_fleet[0]
+    families = _parse(prometheus.write([report], tmp_path / "nodecert.prom"))
+    info = families["nodecert_gpu_info"]
+    assert sorted(int(s.labels["gpu"]) for s in info) == list(range(8))
+    assert len({s.labels["uuid"] for s in info}) == len({s.labels["pci"] for s in info}) == 8
+    assert all(s.labels["name"] == "NVIDIA H100 80GB HBM3" and s.labels["serial"] for s in info)
 
 
 @pytest.mark.parametrize(("figure", "metric", "factor"), [

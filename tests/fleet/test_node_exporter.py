@@ -1,0 +1,227 @@
+"""Our .prom output served by the real node_exporter (textfile collector) and scraped over HTTP,
+the way Prometheus sees it: names, labels (host, GPU index, PCI address, UUID, check id, fault
+code), values, stale files replaced, and rewrites never half-read."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from checks.fleet import synthetic
+from checks.fleet.synthetic import Broken
+from checks.render import prometheus
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from promtools import APT_HINT, NodeExporter, node_exporter_binary, samples, two_fleet_runs
+
+ECC = Broken("node0001", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_node_exporter() -> None:
+    if node_exporter_binary() is None:
+        pytest.fail(f"no node_exporter: {APT_HINT}")
+
+
+@pytest.fixture
+def textfiles(tmp_path: Path) -> Path:
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def exporter(textfiles: Path) -> Iterator[NodeExporter]:
+    with NodeExporter(textfiles) as ne:
+        yield ne
+
+
+def _families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _one(series: list, **labels: str):
+    [match] = [s for s in series if all(s.labels.get(k) == v for k, v in labels.items())]
+    return match
+
+
+def _no_textfile_error(families: dict[str, list]) -> None:
+    [err] = families["node_textfile_scrape_error"]
+    assert err.value == 0.0
+
+
+def _device(report: dict[str, Any], check: str, gpu: int) -> dict[str, Any]:
+    return next(r["device"] for c in report["checks"] if c["id"] == check
+                for r in c["results"] if (r["device"] or {}).get("index") == gpu)
+
+
+def test_one_host_scraped_with_every_label(textfiles, exporter, h100_report) -> None:
+    [report] = synthetic.build(2, base=h100_report, broken=[ECC])[1:]
+    prometheus.write([report], textfiles / "nodecert.prom")
+    families = _families(exporter.scrape())
+    _no_textfile_error(families)
+
+    dev = _device(report, "ecc-errors", 5)
+    ecc = _one(families["nodecert_check_status"], check="ecc-errors", gpu="5")
+    assert ecc.value == 1.0
+    assert ecc.labels == {"host": "node0001", "check": "ecc-errors", "code": "GPU002",
+                          "fault_code": "GPU002", "gpu": "5", "pci": dev["pci"], "uuid": dev["uuid"],
+                          "status": "FAIL"}
+    healthy_ecc = _one(families["nodecert_check_status"], check="ecc-errors", gpu="4")
+    assert (healthy_ecc.labels["status"], healthy_ecc.labels["fault_code"]) == ("PASS", "")
+    assert healthy_ecc.labels["pci"] == _device(report, "ecc-errors", 4)["pci"]
+
+    info = families["nodecert_gpu_info"]
+    assert len(info) == 8
+    gpu5 = _one(info, gpu="5")
+    assert (gpu5.labels["pci"], gpu5.labels["uuid"], gpu5.labels["serial"]) == (
+        dev["pci"], dev["uuid"], dev["serial"])
+
+    tflops = next(r["details"]["figures"]["matmul_bf16_tflops"] for c in report["checks"]
+                  if c["id"] == "gpu-matmul" for r in c["results"] if r["device"]["index"] == 3)
+    matmul = _one(families["nodecert_matmul_bf16_flops"], gpu="3")
+    assert matmul.value == pytest.approx(tflops * 1e12)
+    assert matmul.labels["pci"] == _device(report, "gpu-matmul", 3)["pci"]
+
+    assert _one(families["nodecert_host_healthy"], host="node0001").value == 0.0
+    assert _one(families["nodecert_checks"], status="FAIL").value == 1.0
+    finished = dt.datetime.fromisoformat(report["started_at"]).timestamp() + report["duration_s"]
+    assert _one(families["nodecert_last_run_timestamp_seconds"], host="node0001").value == \
+        pytest.approx(finished)
+    mtime = _one(families["node_textfile_mtime_seconds"])
+    assert mtime.labels["file"].endswith("nodecert.prom")
+
+
+def test_stale_file_is_replaced_and_the_old_status_is_gone(textfiles, exporter, h100_report) -> None:
+    broken = synthetic.build(2, base=h100_report, broken=[ECC])[1]
+    prometheus.write([broken], textfiles / "nodecert.prom")
+    before = _families(exporter.scrape())
+    assert _one(before["nodecert_check_status"], check="ecc-errors", gpu="5").labels["status"] == "FAIL"
+
+    repaired = synthetic.build(2, base=h100_report)[1]  # same host, same GPUs, ECC now clean
+    prometheus.write([repaired], textfiles / "nodecert.prom")
+    after = _families(exporter.scrape())
+    _no_textfile_error(after)
+    [ecc5] = [s for s in after["nodecert_check_status"]
+              if s.labels["check"] == "ecc-errors" and s.labels["gpu"] == "5"]
+    assert ecc5.labels["status"] == "PASS"  # the FAIL series is gone, not left beside it
+    assert not [s for s in after["nodecert_check_status"] if s.labels["status"] == "FAIL"]
+    assert _one(after["nodecert_host_healthy"], host="node0001").value == 1.0
+    assert sorted(os.listdir(textfiles)) == ["nodecert.prom"]
+
+
+def _rewrite_until(stop: threading.Event, path: Path, runs: list[dict[str, Any]],
+                   texts: list[bytes], atomic: bool) -> None:
+    """Rewrite `path` with each run in turn: with prometheus.write (ours), or in place (the
+    broken way, with a pause half way so that a reader can catch the file half written)."""
+    i = 0
+    while not stop.is_set():
+        if atomic:
+            prometheus.write([runs[i % len(runs)]], path)
+        else:
+            data = texts[i % len(texts)]
+            with open(path, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                time.sleep(0.004)
+                f.write(data[len(data) // 2:])
+        i += 1
+        time.sleep(0.003)  # a rewrite every few ms: many per scrape, CPU left for the reader
+
+
+def _two_runs(h100_report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same host twice: first with a failed ECC check, then repaired, a day later."""
+    first = synthetic.build(2, base=h100_report, broken=[ECC])[1]
+    second = copy.deepcopy(synthetic.build(2, base=h100_report)[1])
+    started = dt.datetime.fromisoformat(second["started_at"]) + dt.timedelta(days=1)
+    second["started_at"] = started.isoformat()
+    return [first, second]
+
+
+def _race(textfiles: Path, exporter: NodeExporter, runs: list[dict[str, Any]], *, atomic: bool,
+          scrapes: int) -> tuple[list[set], list[set]]:
+    """Scrape while a writer rewrites the file; (what each scrape saw, the complete files)."""
+    texts = []
+    for run in runs:  # what a complete file of each run holds
+        path = prometheus.write([run], textfiles.parent / "render" / "nodecert.prom")
+        texts.append(path.read_bytes())
+    expected = [samples(t.decode()) for t in texts]
+    target = textfiles / "nodecert.prom"
+    target.write_bytes(texts[0])
+    stop = threading.Event()
+    writer = threading.Thread(target=_rewrite_until, args=(stop, target, runs, texts, atomic))
+    writer.start()
+    seen = []
+    try:
+        for _ in range(scrapes):
+            text = exporter.scrape()
+            errors = _families(text)["node_textfile_scrape_error"]
+            seen.append(samples(text) if errors[0].value == 0 else set())
+    finally:
+        stop.set()
+        writer.join()
+    return seen, expected
+
+
+def test_rewrites_are_never_half_read(textfiles, exporter, h100_report) -> None:
+    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=True, scrapes=100)
+    assert all(s in expected for s in seen), "a scrape saw a partial or mixed file"
+    assert all(any(s == e for s in seen) for e in expected), "the writer never raced the scrapes"
+
+
+def test_an_in_place_rewrite_is_caught_half_read(textfiles, exporter, h100_report) -> None:
+    """The control for the test above: its completeness check does see a torn file."""
+    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=False, scrapes=100)
+    assert any(s not in expected for s in seen)
+
+
+def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h100_report) -> None:
+    """Two fleet runs through `python -m checks.fleet report`: a straggler GPU, a lemon (the same
+    GPU failing in both runs), and a host whose report stopped coming in run 2."""
+    fleet = two_fleet_runs(tmp_path, h100_report, textfiles)
+    families = _families(exporter.scrape())
+    _no_textfile_error(families)
+    assert len(families["node_textfile_mtime_seconds"]) == 13  # 12 hosts + nodecert-fleet.prom
+
+    hosts_by_status = {s.labels["status"]: s.value for s in families["nodecert_fleet_hosts"]}
+    assert hosts_by_status == {k: float(v) for k, v in fleet["summary"].items() if k != "hosts"}
+    assert hosts_by_status["MISSING"] == 1.0
+    assert _one(families["nodecert_fleet_host_missing"], host="node0009").labels["status"] == "MISSING"
+
+    # node0009's file is the one from run 1: its timestamp is two days behind the others'
+    last = {s.labels["host"]: s.value for s in families["nodecert_last_run_timestamp_seconds"]}
+    assert len(last) == 12
+    assert last["node0008"] - last["node0009"] == pytest.approx(2 * 86400)
+
+    report7 = next(r for r in synthetic.build(12, base=h100_report) if r["host"] == "node0007")
+    dev = _device(report7, "gpu-matmul", 3)
+    straggler = _one(families["nodecert_straggler_deficit_ratio"], host="node0007")
+    assert straggler.labels == {"host": "node0007", "check": "gpu-matmul",
+                                "figure": "matmul_bf16_tflops", "gpu": "3", "pci": dev["pci"],
+                                "uuid": dev["uuid"], "status": "FAIL"}
+    assert straggler.value == pytest.approx(0.2, abs=0.03)
+
+    # two lemons: node0004's GPU5 failed ECC twice, node0007's GPU3 was a FAIL straggler twice
+    dev4 = _device(next(r for r in synthetic.build(12, base=h100_report) if r["host"] == "node0004"),
+                   "ecc-errors", 5)
+    assert sorted(lemon["uuid"] for lemon in fleet["lemons"]) == sorted([dev4["uuid"], dev["uuid"]])
+    assert len(families["nodecert_lemon_failed_runs"]) == 2
+    scraped = _one(families["nodecert_lemon_failed_runs"], uuid=dev4["uuid"])
+    assert scraped.value == 2.0
+    assert scraped.labels == {"uuid": dev4["uuid"], "host": "node0004", "gpu": "5", "pci": dev4["pci"]}
+    failed = _one(families["nodecert_check_status"], host="node0004", check="ecc-errors", gpu="5")
+    assert (failed.labels["status"], failed.labels["fault_code"]) == ("FAIL", "GPU002")
+
+    generated = dt.datetime.fromisoformat(fleet["generated_at"]).timestamp()
+    [fleet_ts] = families["nodecert_fleet_last_run_timestamp_seconds"]
+    assert fleet_ts.value == pytest.approx(generated)
