@@ -1,0 +1,67 @@
+"""The reference computation behind `reference-digest`: the same bits on every healthy GPU.
+
+A chain of fp32 matmuls with a bounded non-linearity, from inputs made on the CPU with a fixed
+seed (so every device starts from identical bytes whatever its own RNG), under
+`torch.use_deterministic_algorithms(True)` with TF32 off and cuBLAS in its deterministic
+workspace mode. The result's bytes are hashed with SHA-256. The computation runs `repeats`
+times per device: a device that cannot reproduce its own digest is faulty or not deterministic.
+
+Its definition (seed, sizes, steps) is fixed and versioned by REFERENCE: change any of it and
+bump the version, because the fleet compares digests only between equal definitions.
+
+By hand, on the CPU:
+    echo '{"device": "cpu"}' | python -m checks.workloads.isolate digest -
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+# The definition. n and steps are fixed fleet-wide: the digest is a comparison, not a benchmark.
+REFERENCE = {"version": 1, "seed": 20261201, "n": 1024, "steps": 16, "dtype": "fp32"}
+
+
+def reference_id(ref: dict[str, Any] = REFERENCE) -> str:
+    return f"v{ref['version']} seed={ref['seed']} n={ref['n']} steps={ref['steps']} {ref['dtype']}"
+
+
+def _deterministic(torch: Any) -> None:
+    # cuBLAS is deterministic only with a fixed workspace configuration (PyTorch "Reproducibility"
+    # notes); it is read when the CUDA context is created, so it is set before any CUDA call.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+
+
+def compute(device: Any, ref: dict[str, Any] = REFERENCE) -> str:
+    """SHA-256 (hex) of the reference chain's result on `device`."""
+    import torch
+
+    _deterministic(torch)
+    gen = torch.Generator(device="cpu").manual_seed(int(ref["seed"]))
+    n, steps = int(ref["n"]), int(ref["steps"])
+    x = torch.randn(n, n, generator=gen, dtype=torch.float32)
+    weights = [torch.randn(n, n, generator=gen, dtype=torch.float32) / n ** 0.5
+               for _ in range(min(steps, 4))]
+    x = x.to(device)
+    weights = [w.to(device) for w in weights]
+    for k in range(steps):
+        x = torch.tanh(x @ weights[k % len(weights)])
+    out = x.cpu().contiguous()
+    if not bool(torch.isfinite(out).all()):
+        return "non-finite"
+    return hashlib.sha256(out.numpy().tobytes()).hexdigest()
+
+
+def run(devices: list[Any], repeats: int = 2) -> list[dict[str, Any]]:
+    """One row per device: its digests over `repeats` runs of the reference."""
+    rows = []
+    for dev in devices:
+        digests = [compute(dev) for _ in range(max(1, repeats))]
+        rows.append({"device": str(dev), "index": dev.index if dev.type == "cuda" else None,
+                     "digests": digests, "digest": digests[0], "reference": reference_id()})
+    return rows
