@@ -48,6 +48,7 @@ class Entry:
     smaller_cost: Cost | None = None
     smaller_profile: Mapping[str, Any] = field(default_factory=dict)
     min_duration_s: float | None = None  # scalable (burn-in): the least worth running
+    shared: str | None = None  # a launch shared with other checks, paid by the first chosen
 
 
 @dataclass
@@ -101,10 +102,19 @@ def _cost(raw: Any, where: str) -> Cost:
         raise BudgetError(f"{where}: cost_s values must be numbers") from None
 
 
+SHARED = "shared:"  # table keys of shared launches: "shared:acceptance"
+
+
 def parse(data: Any) -> dict[str, Entry]:
+    """check id -> Entry, and "shared:<name>" -> the Entry of each shared launch."""
     if not isinstance(data, Mapping) or not isinstance(data.get("checks"), Mapping):
         raise BudgetError("budget table: top level needs a `checks:` mapping")
     table = {}
+    for name, raw in (data.get("shared") or {}).items():
+        if not isinstance(raw, Mapping) or "cost_s" not in raw:
+            raise BudgetError(f"budget table, shared {name}: needs cost_s")
+        table[SHARED + str(name)] = Entry(0.0, _cost(raw["cost_s"], f"shared {name}"),
+                                          str(raw.get("source", "estimated")))
     for check_id, raw in data["checks"].items():
         where = f"budget table, {check_id}"
         if not isinstance(raw, Mapping) or "value" not in raw or "cost_s" not in raw:
@@ -115,7 +125,10 @@ def parse(data: Any) -> dict[str, Entry]:
             float(raw["value"]), _cost(raw["cost_s"], where), str(raw.get("source", "estimated")),
             _cost(smaller["cost_s"], f"{where}.smaller") if smaller else None,
             dict(smaller.get("profile") or {}),
-            float(scalable["min_s"]) if scalable else None)
+            float(scalable["min_s"]) if scalable else None,
+            str(raw["shared"]) if raw.get("shared") else None)
+        if raw.get("shared") and SHARED + str(raw["shared"]) not in table:
+            raise BudgetError(f"{where}: unknown shared launch {raw['shared']!r}")
     return table
 
 
@@ -142,7 +155,7 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
         raise BudgetError("--budget must be more than 0 s")
     entries = table() if entries is None else entries
     ids = list(check_ids)
-    missing = [i for i in ids if i not in entries]
+    missing = [i for i in ids if i not in entries or i.startswith(SHARED)]
     if missing:
         raise BudgetError(f"budget table has no entry for {', '.join(missing)} (checks/budget.yaml)")
     order = sorted(ids, key=lambda i: (-entries[i].value, entries[i].cost.on(gpus), ids.index(i)))
@@ -150,15 +163,18 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
     chosen: dict[str, Choice] = {}
     left_out: list[dict[str, Any]] = []
     overrides: dict[str, Any] = {}
+    paid: set[str] = set()
     for check_id in order:
         e = entries[check_id]
-        full = e.min_duration_s if e.min_duration_s is not None else e.cost.on(gpus)
-        if e.min_duration_s is not None:
-            full += e.cost.on(gpus)  # start-up around the timed load
+        full = e.cost.on(gpus) + (e.min_duration_s or 0.0)  # start-up + the least timed load
+        if e.shared and e.shared not in paid:
+            full += entries[SHARED + e.shared].cost.on(gpus)
         smaller = e.smaller_cost.on(gpus) if e.smaller_cost else None
         if full <= left:
             chosen[check_id] = Choice(check_id, "full", full, e.value)
             left -= full
+            if e.shared:
+                paid.add(e.shared)
         elif smaller is not None and smaller <= left:
             chosen[check_id] = Choice(check_id, "smaller", smaller, e.value)
             _merge(overrides, e.smaller_profile)

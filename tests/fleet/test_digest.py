@@ -89,19 +89,21 @@ def test_the_reference_is_deterministic_and_depends_on_its_definition() -> None:
     assert len(first) == 64 and first == reference.compute(cpu, SMALL)
     assert reference.compute(cpu, {**SMALL, "seed": SMALL["seed"] + 1}) != first
     assert reference.compute(cpu, {**SMALL, "steps": 5}) != first
+    # Deterministic mode is switched on for the computation only (the CPU path runs in-process).
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_another_process_computes_the_same_bits() -> None:
     """The full reference, in this process and in a measurement child (isolate.py)."""
     torch = pytest.importorskip("torch")
-    here = reference.compute(torch.device("cpu"))
+    here = reference.compute(torch.device("cpu"), reference.REFERENCE_CPU)
     child = subprocess.run([sys.executable, "-m", "checks.workloads.isolate", "digest", "-"],
                            input='{"device": "cpu"}', capture_output=True, text=True, timeout=300,
                            cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert child.returncode == 0, child.stdout + child.stderr
     [row] = json.loads(child.stdout)["result"]
     assert row["digests"] == [here, here]
-    assert row["reference"] == reference.reference_id()
+    assert row["reference"] == reference.reference_id(reference.REFERENCE_CPU) != reference.reference_id()
 
 
 # --- across the fleet -------------------------------------------------------------------------

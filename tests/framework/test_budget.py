@@ -25,6 +25,9 @@ def test_the_table_covers_every_registered_check_with_sane_numbers() -> None:
     table = budget.table()
     assert set(ALL) <= set(table), set(ALL) - set(table)
     for check_id, e in table.items():
+        if check_id.startswith(budget.SHARED):
+            assert e.cost.cpu > 0 and e.cost.gpu > 0
+            continue
         assert 1 <= e.value <= 10, check_id
         assert e.cost.cpu > 0 and e.cost.gpu > 0, check_id
 
@@ -42,8 +45,8 @@ def test_a_tight_budget_keeps_the_most_valuable_checks_and_says_what_it_left_out
     assert set(QUICK) <= plan.ids  # every quick check is cheap and worth more than any workload
     assert plan.estimated_s <= 120
     left = {x["id"]: x for x in plan.left_out}
-    assert "burn-in" in left and "train-hybrid" in left
-    assert left["train-hybrid"]["reason"].startswith("needs ~90 s")
+    assert "burn-in" in left and "dataloader-scaling" in left
+    assert left["dataloader-scaling"]["reason"].startswith("needs ~25 s")
     assert set(left) | plan.ids == set(ALL) and not set(left) & plan.ids
     # Nothing left out would have fitted in what the plan did not use.
     unused = 120 - plan.estimated_s
@@ -56,6 +59,13 @@ def test_value_decides_before_cost() -> None:
     plan = budget.make(["a", "b", "c"], 60, gpus=0, duration_s=600, entries=entries)
     assert [c.id for c in plan.chosen] == ["a", "b"]  # a first; c (45 s) no longer fits; b does
     assert [x["id"] for x in plan.left_out] == ["c"]
+
+
+def test_a_shared_launch_is_paid_once() -> None:
+    plan = budget.make(["train-ddp", "train-pipeline", "train-syncbn"], 50, gpus=0, duration_s=600)
+    assert [c.cost_s for c in plan.chosen] == [45 + 1, 1, 1]
+    alone = budget.make(["train-pipeline"], 40, gpus=0, duration_s=600)
+    assert alone.left_out[0]["reason"].startswith("needs ~46 s")
 
 
 def test_a_smaller_size_is_chosen_when_the_full_one_does_not_fit() -> None:
