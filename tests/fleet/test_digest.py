@@ -193,3 +193,16 @@ def test_cpu_results_are_not_compared(cpu_report) -> None:
                                  "status": "SKIP", "message": "cpu", "device": None,
                                  "details": {"digest": BAD, "reference": "v1"}}]})
     assert list(digest.entries_of("h", report)) == []
+
+
+def test_the_html_report_groups_digests_and_names_the_odd_node(h100_report) -> None:
+    from checks.render import html
+
+    reports = _fleet(h100_report)
+    reports[3]["checks"][-1]["results"][6]["details"]["digest"] = BAD
+    page = html.render(aggregate.from_reports(reports))
+    section = page.split("Same bits everywhere")[1].split("</section>")[0]
+    assert "NVIDIA H100 80GB HBM3" in section and "550.90.07" in section and "2.5.1+cu124" in section
+    odd_table = section.split("differs from their group")[1]
+    assert "node0003" in odd_table and "GPU6" in odd_table and BAD[:16] in odd_table
+    assert "node0001" not in odd_table

@@ -272,3 +272,23 @@ def test_a_writer_killed_mid_transaction_leaves_the_history_intact(tmp_path, h10
     with history.History(db) as store:  # and the next run writes as usual
         store.record(aggregate.from_reports(json.loads(reports.read_text()), run_id="after"))
         assert store.runs() == ["before", "after"]
+
+
+# --- the fleet report ---------------------------------------------------------------------------
+
+def test_the_html_report_shows_sparklines_and_names_the_drifting_gpus(tmp_path, h100_report) -> None:
+    from checks.render import html
+
+    from .drift_fleet import MATMUL, build
+
+    fleet = build(h100_report, tmp_path / "history.sqlite")
+    assert [(d.host, d.gpu.index, d.status) for d in fleet.drifts] == [("node0002", 5, "FAIL"),
+                                                                       ("node0006", 1, "WARN")]
+    page = html.render(fleet)
+    section = page.split("Memory of every GPU")[1].split("</section>")[0]
+    assert "Drifting: node0002 GPU5, node0006 GPU1." in section
+    assert section.count('class="spark"') == html.MAX_SPARKLINES
+    first_row = section.split("<tr>")[2]
+    assert "node0002" in first_row and "FAIL" in first_row
+    assert first_row.count("<path") == 1 and len(MATMUL) - 1 == first_row.split("<path")[1].count(" L")
+    assert "… and " in section  # the rest within limits, counted not drawn
