@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import profiles
 from ..model import Status
+from . import digest as digests_
 from . import figures as figs
 from . import load as loader
 from . import stragglers as strag
-
-from . import digest as digests_
 
 if TYPE_CHECKING:
     from .drift import Drift

@@ -141,5 +141,6 @@ def analyse(hosts: Iterable[HostEntry]) -> Analysis:
                 odd.append(Odd(e.host, e.gpu, e.digest, None, key, "WARN"))
             elif e.digest != majority:
                 odd.append(Odd(e.host, e.gpu, e.digest, majority, key, "FAIL"))
-    odd.sort(key=lambda o: (o.status != "FAIL", o.host, o.gpu.index if o.gpu and o.gpu.index is not None else -1))
+    odd.sort(key=lambda o: (o.status != "FAIL", o.host,
+                            o.gpu.index if o.gpu and o.gpu.index is not None else -1))
     return Analysis(tuple(groups), tuple(odd))

@@ -24,7 +24,7 @@ BAR = "#54aeff"
 MAX_BARS = 256          # more GPUs or hosts than this: a histogram instead of one bar each
 MAX_HOST_DETAILS = 16   # hosts whose every check result is listed
 MAX_LISTED = 50         # hosts listed per failing check before "and N more"
-MAX_SPARKLINES = 12     # GPU figures drawn with their history (drifting ones always, then the nearest to drifting)
+MAX_SPARKLINES = 12     # GPU figures drawn with their history: drifting ones, then the nearest
 # How to plot a check's curve: x key, y key, log-x, axis labels. Others: first two keys, linear.
 CURVES = {
     "nccl-allreduce": ("bytes", "busbw_gbs", True, "message size", "bus bandwidth (GB/s)"),

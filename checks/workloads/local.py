@@ -31,7 +31,8 @@ SAMPLE_FIELDS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c", "power_
 
 # Hard deadline of a measurement's child process, a little inside its check's timeout (the
 # runner abandons a check at its timeout but cannot kill what it started).
-CHILD_TIMEOUT_S = {"digest": 290.0, "matmul": 1750.0, "membw": 870.0, "p2p": 870.0, "dataloader_scaling": 870.0}
+CHILD_TIMEOUT_S = {"digest": 290.0,
+                   "matmul": 1750.0, "membw": 870.0, "p2p": 870.0, "dataloader_scaling": 870.0}
 BURN_IN_MARGIN_S = 600.0
 
 

@@ -92,7 +92,7 @@ def test_a_malformed_table_is_one_line_error(data) -> None:
 # --- through python -m checks ------------------------------------------------------------------
 
 def test_the_report_records_the_plan(run_cli) -> None:
-    code, doc, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--budget", "3m")
+    _code, doc, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--budget", "3m")
     assert doc is not None
     jsonschema.validate(doc, SCHEMA)
     plan = doc["options"]["budget"]
@@ -115,7 +115,8 @@ def test_a_bad_budget_is_a_one_line_usage_error(value, capsys) -> None:
     assert cli.main(["--simulate", "cpu-only-healthy", "--budget", value, "--no-json", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     last = err.splitlines()[-1]  # argparse prints its usage above a bad value, as for --duration
-    assert "Traceback" not in err and "budget" in last and last.startswith(("error:", "python -m checks: error:"))
+    assert "Traceback" not in err and "budget" in last
+    assert last.startswith(("error:", "python -m checks: error:"))
 
 
 def test_slurm_health_check_passes_its_budget_on(monkeypatch, tmp_path) -> None:
