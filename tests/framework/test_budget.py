@@ -142,3 +142,14 @@ def test_slurm_budget_reaches_the_report(tmp_path) -> None:
     last = json.loads((tmp_path / "last.json").read_text())
     assert last["options"]["budget"]["budget_s"] == 20
     assert last["level"] == "quick"
+
+
+def test_a_smaller_size_reaches_the_check(run_cli) -> None:
+    _code, doc, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "gpu-matmul", "--budget", "30s")
+    assert doc is not None
+    assert doc["options"]["budget"]["chosen"] == [
+        {"id": "gpu-matmul", "size": "smaller", "cost_s": 28.0, "value": 7.0}]
+    [chk] = doc["checks"]
+    assert {tuple(r["details"]["figures"]) for r in chk["results"]} == {("matmul_bf16_tflops",)}
+    _code, full, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "gpu-matmul", "--budget", "2m")
+    assert len(full["checks"][0]["results"][0]["details"]["figures"]) == 4
