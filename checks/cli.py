@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from . import cliutil, profiles, registry, report, runner
+from . import budget, cliutil, profiles, registry, report, runner
 from .context import Context, Options
 from .hw.base import Backend, HardwareError
 from .hw.fixture import FixtureBackend, ScenarioError, shipped
@@ -51,10 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
                "configuration. Docs: README.md (checks, scenario format, report schema). "
                "`python -m checks record FILE` writes this machine as a scenario "
                "(docs/recording.md).")
-    p.add_argument("--level", choices=registry.LEVELS, default="standard",
+    p.add_argument("--level", choices=registry.LEVELS, default=None,
                    help="quick: inventory and health (seconds); standard: adds collectives, "
                         "DataLoader, compute and the acceptance training jobs; burn-in: adds "
-                        "sustained load (see --duration). Default: standard")
+                        "sustained load (see --duration). Default: standard, or burn-in with "
+                        "--budget (the budget then decides)")
+    p.add_argument("--budget", type=parse_duration, metavar="TIME",
+                   help="time budget, e.g. 5m: run the checks and sizes that fit, most valuable "
+                        "first; the plan (and what it left out) goes into the report "
+                        "(checks/budget.yaml has each check's value and cost)")
     p.add_argument("--only", action="append", metavar="ID|TAG",
                    help="run only these checks (ids or tags, comma-separated, repeatable); "
                         "ignores --level")
@@ -161,17 +166,45 @@ def _line_listener(console: Console, total: int) -> runner.Listener:
     return listener
 
 
+def _gpu_count(hw: Backend) -> int:
+    try:
+        return sum(1 for d in hw.pci_devices() if d.is_nvidia_gpu)
+    except HardwareError:
+        return 0
+
+
 def run(args: argparse.Namespace, console: Console, err: Console) -> int:
+    args.level = args.level or ("burn-in" if args.budget else "standard")
     try:
         selected = registry.select(args.level, _names(args.only), _names(args.skip))
     except KeyError as exc:
         raise UsageError(f"unknown check id or tag: {exc.args[0]} (see --list)") from None
+    plan = None
+    if args.budget is not None:
+        hw = make_backend(args.simulate)
+        try:
+            plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
+                               duration_s=args.duration)
+        except budget.BudgetError as exc:
+            raise UsageError(str(exc)) from None
+        selected = [c for c in selected if c.id in plan.ids]
+        if plan.duration_s is not None:
+            args.duration = plan.duration_s
     if args.list:
+        sizes = {c.id: f"{c.size} ~{c.cost_s:.0f}s" for c in plan.chosen} if plan else {}
         for chk in selected:
-            console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {chk.title}", highlight=False)
+            console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {sizes.get(chk.id, ''):14} "
+                          f"{chk.title}", highlight=False)
+        for out in plan.left_out if plan else []:
+            console.print(f"left out: {out['id']} ({out['reason']})", highlight=False)
         return 0
-    hw = make_backend(args.simulate)
+    if plan is None:
+        hw = make_backend(args.simulate)
     profile = choose_profile(hw, args.profile)
+    if plan is not None:
+        budget.apply_overrides(profile.data, plan.profile_overrides)
+        if not args.quiet:
+            err.print(plan.summary(), highlight=False, markup=False, soft_wrap=True)
     options = Options(level=args.level, expect_gpus=args.expect_gpus,
                       expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
                       expect_nvlink=args.expect_nvlink,
@@ -198,6 +231,8 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         "options": {k: v for k, v in vars(options).items() if v not in (None, {}, [])},
         "system": system_facts(hw), "environment": report.recorded_environment(dict(hw.environ())),
     }
+    if plan is not None:
+        meta["options"]["budget"] = plan.to_dict()
     doc = report.build(outcomes, meta=meta)
     if args.json == "-":
         sys.stdout.write(__import__("json").dumps(doc, indent=2, default=str) + "\n")
@@ -229,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True, emoji=False, highlight=False)
     try:
         return run(args, console, err)
-    except (UsageError, ScenarioError, profiles.ProfileError) as exc:
+    except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import profiles
 from ..model import Status
+from . import digest as digests_
 from . import figures as figs
 from . import load as loader
 from . import nvl72
 from . import stragglers as strag
 
 if TYPE_CHECKING:
+    from .drift import Drift
     from .history import Lemon
 
 SCHEMA_VERSION = "1.0"
@@ -96,6 +98,8 @@ class Fleet:
     figure_groups: dict[strag.PeerKey, list[figs.Figure]]
     curves: list[figs.Curve]
     lemons: list[Lemon] = field(default_factory=list)  # filled in from the history by the caller
+    drift: list[Drift] = field(default_factory=list)  # every figure judged against its own history
+    digests: digests_.Analysis | None = None  # reference digests grouped by stack
     generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
 
     @property
@@ -110,6 +114,16 @@ class Fleet:
     @property
     def exit_code(self) -> int:
         return 1 if self.verdict == "FAIL" else 0
+
+    @property
+    def drifts(self) -> list[Drift]:
+        """The figures drifting below their own baseline (WARN or FAIL)."""
+        return [d for d in self.drift if d.status]
+
+    def set_drift(self, drift: list[Drift]) -> None:
+        """Attach drift verdicts (drift.find) and fold them into the host statuses."""
+        self.drift = drift
+        _fold(self.hosts, ((d.host, d.status) for d in drift if d.status))
 
     @property
     def reports(self) -> list[dict[str, Any]]:
@@ -128,6 +142,8 @@ class Fleet:
             "figures": [s.to_dict() for s in self.figure_stats],
             "stragglers": [s.to_dict() for s in self.stragglers],
             "lemons": [lemon.to_dict() for lemon in self.lemons],
+            "drift": [d.to_dict() for d in self.drifts],
+            "digests": self.digests.to_dict() if self.digests else None,
         }
 
 
@@ -154,6 +170,20 @@ def _spread(entries: list[HostEntry]) -> list[CheckSpread]:
             entry.problems.append(chk["id"])
     order = {"FAIL": 0, "ERROR": 1, "WARN": 2}
     return sorted(spreads.values(), key=lambda c: (order[c.status], -len(c.occurrences), c.check))
+
+
+def _fold(hosts: list[HostEntry], verdicts: Iterable[tuple[str, str]]) -> None:
+    """Raise host statuses by fleet-level verdicts (host, "FAIL" | "WARN")."""
+    worst: dict[str, str] = {}
+    for host, status in verdicts:
+        if worst.get(host) != "FAIL":
+            worst[host] = status
+    for entry in hosts:
+        bad = worst.get(entry.host)
+        if bad == "FAIL" and entry.status in ("PASS", "WARN"):
+            entry.status = "FAIL"
+        elif bad == "WARN" and entry.status == "PASS":
+            entry.status = "WARN"
 
 
 def _host_status(report: dict[str, Any]) -> str:
@@ -204,21 +234,15 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
     groups = strag.group(figures, profile_of.__getitem__)
     stats, stragglers = strag.find(groups, straggler_pct)
-    worst_straggler: dict[str, str] = {}
-    for s in stragglers:
-        if worst_straggler.get(s.host) != "FAIL":
-            worst_straggler[s.host] = s.status
-    for entry in hosts:
-        slow = worst_straggler.get(entry.host)
-        if slow == "FAIL" and entry.status in ("PASS", "WARN"):
-            entry.status = "FAIL"
-        elif slow == "WARN" and entry.status == "PASS":
-            entry.status = "WARN"
+    _fold(hosts, ((s.host, s.status) for s in stragglers))
+    digest_analysis = digests_.analyse(hosts)
+    _fold(hosts, ((odd.host, odd.status) for odd in digest_analysis.odd))
 
     if run_id is None:
         ids = Counter(h.report.get("run_id") for h in hosts if h.report and h.report.get("run_id"))
         run_id = ids.most_common(1)[0][0] if ids else None
-    return Fleet(run_id, source, hosts, by_check, stats, stragglers, groups, curves)
+    return Fleet(run_id, source, hosts, by_check, stats, stragglers, groups, curves,
+                 digests=digest_analysis)
 
 
 def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .. import cliutil
-from . import aggregate, crosshost, history, inventory, junit, terminal
+from . import aggregate, crosshost, drift, history, inventory, junit, terminal
 from .aggregate import Fleet
 
 EXIT_USAGE = 2
@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("report", help="aggregate reports/<run-id>/*.json",
                        description="Aggregate reports/<run-id>/<host>.json: who failed what, "
-                                   "stragglers against the fleet median, lemons from the history.")
+                                   "stragglers against the fleet median, GPUs drifting below "
+                                   "their own history, reference digests that differ from their "
+                                   "group's, lemons from the history.")
     r.add_argument("directory", metavar="DIR", help="directory of <host>.json reports of one run")
     expect = r.add_mutually_exclusive_group()
     expect.add_argument("--expect-hosts", action="append", metavar="H1,H2",
@@ -121,6 +123,10 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     if not args.no_history:
         db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
         with history.History(db) as store:
+            try:
+                fleet.set_drift(drift.find(fleet, store))
+            except drift.DriftConfigError as exc:
+                raise UsageError(str(exc)) from None
             store.record(fleet)
             fleet.lemons = store.lemons(args.lemon_failures, args.lemon_runs)
     outputs = []

@@ -5,7 +5,15 @@ Each fleet run appends: one row per GPU seen (host, UUID, index, worst status); 
 straggler verdicts included as check `straggler:<check>/<figure>`, and a host without a readable
 report as check `report`; and every figure value. Passing results are not stored one by one: the
 reports themselves stay in reports/<run-id>/, and 1 000 hosts would add ~20 MB per run.
-Recording a run id again replaces that run.
+Recording a run id again replaces that run. Drift verdicts (drift.py) are stored like straggler
+ones, as check `drift:<check>/<figure>`, and digest mismatches (digest.py) as check `digest`, so a
+GPU that keeps drifting or computing other bits becomes a lemon too.
+
+Several verify runs may record at once, and a run may be killed mid-write: the database runs in
+WAL mode with a busy timeout, and each run is written in one `BEGIN IMMEDIATE` transaction (the
+write lock is taken up front, so two writers never deadlock upgrading a read lock). A writer
+killed with SIGKILL leaves its transaction uncommitted in the WAL, which the next connection
+rolls back: the run is either wholly there or absent.
 
 A lemon is a GPU, followed by UUID wherever it moved, that had a FAIL or ERROR result (a
 straggler FAIL included) in at least N of the last M runs recorded (default 2 of 5).
@@ -13,9 +21,10 @@ straggler FAIL included) in at least N of the last M runs recorded (default 2 of
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +32,12 @@ from typing import Any
 from ..model import Status
 from .aggregate import Fleet
 
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another run's transaction to finish
 DEFAULT_FAILURES = 2
 DEFAULT_RUNS = 5
 BAD = ("FAIL", "ERROR")
 PROBLEMS = ("WARN", *BAD)
+SeriesKey = tuple[str, str, str]  # (GPU UUID or "host:<name>", check id, figure name)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -63,6 +74,7 @@ CREATE INDEX IF NOT EXISTS gpus_by_run ON gpus(run_id);
 CREATE INDEX IF NOT EXISTS results_by_gpu ON results(gpu_uuid, status);
 CREATE INDEX IF NOT EXISTS results_by_run ON results(run_id);
 CREATE INDEX IF NOT EXISTS figures_by_run ON figures(run_id);
+CREATE INDEX IF NOT EXISTS figures_by_check ON figures(check_id, name);
 """
 
 LEMONS = """
@@ -134,15 +146,40 @@ def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
         yield "results", (run_id, s.host, f"straggler:{s.check}/{s.name}", s.gpu.uuid if s.gpu else None,
                           s.gpu.index if s.gpu else None, s.status,
                           f"{s.deficit_pct:.1f} % from the fleet median")
+    for d in fleet.drifts:
+        yield "results", (run_id, d.host, f"drift:{d.check}/{d.name}", d.gpu.uuid if d.gpu else None,
+                          d.gpu.index if d.gpu else None, d.status,
+                          f"{d.deficit_pct:.1f} % below its own {d.baseline_kind} baseline")
+    for odd in (fleet.digests.odd if fleet.digests else ()):
+        yield "results", (run_id, odd.host, "digest", odd.gpu.uuid if odd.gpu else None,
+                          odd.gpu.index if odd.gpu else None, odd.status, odd.message)
 
 
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path)
+        # isolation_level=None: transactions are begun explicitly (BEGIN IMMEDIATE) below.
+        self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = FULL")
         self.db.execute("PRAGMA foreign_keys = ON")
-        self.db.executescript(SCHEMA)
+        with self._write():
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self.db.execute(statement)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction, holding the write lock from its start."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def close(self) -> None:
         self.db.close()
@@ -159,7 +196,7 @@ class History:
         rows: dict[str, list[tuple[Any, ...]]] = {"gpus": [], "results": [], "figures": []}
         for table, row in _rows(fleet, run_id):
             rows[table].append(row)
-        with self.db:
+        with self._write():
             for table in rows:
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self.db.execute("INSERT INTO runs (run_id, recorded_at) VALUES (?, ?) "
@@ -180,4 +217,44 @@ class History:
                 LEMONS, {"runs": runs, "failures": failures}):
             out.append(Lemon(uuid, failed, seen, runs, tuple(sorted(hosts.split(","))),
                              tuple(sorted(checks.split(","))), last))
+        return out
+
+    def figure_series(self, checks: Iterable[str], *, before: str | None = None,
+                      window: int = 20) -> dict[SeriesKey, list[tuple[str, float]]]:
+        """Every recorded figure of these checks in the last `window` runs (those recorded before
+        run `before`, when given, leaving that run out), oldest first: (run id, value) per
+        (GPU UUID or "host:<name>" for a host-level figure, check, figure name)."""
+        checks = list(checks)
+        if not checks:
+            return {}
+        marks = ",".join("?" * len(checks))
+        where = ("WHERE seq < COALESCE((SELECT seq FROM runs WHERE run_id = ?), 1e18)"
+                 if before is not None else "")
+        query = (f"WITH recent AS (SELECT run_id, seq FROM runs {where} ORDER BY seq DESC LIMIT ?) "
+                 "SELECT COALESCE(f.gpu_uuid, 'host:' || f.host), f.check_id, f.name, f.run_id, "
+                 "f.value FROM figures f JOIN recent USING (run_id) "
+                 f"WHERE f.check_id IN ({marks}) ORDER BY recent.seq")
+        params = [*([before] if before is not None else []), window, *checks]
+        out: dict[SeriesKey, list[tuple[str, float]]] = {}
+        for key, check_id, name, run_id, value in self.db.execute(query, params):
+            out.setdefault((key, check_id, name), []).append((run_id, float(value)))
+        return out
+
+    def first_figures(self, checks: Iterable[str], *, before: str | None = None
+                      ) -> dict[SeriesKey, tuple[str, float]]:
+        """The first value ever recorded per (GPU or host, check, figure): the acceptance baseline
+        (a GPU's first burn-in), however many runs ago it was."""
+        checks = list(checks)
+        if not checks:
+            return {}
+        marks = ",".join("?" * len(checks))
+        cutoff = ("AND r.seq < COALESCE((SELECT seq FROM runs WHERE run_id = ?), 1e18)"
+                  if before is not None else "")
+        query = ("SELECT COALESCE(f.gpu_uuid, 'host:' || f.host), f.check_id, f.name, f.run_id, "
+                 "f.value FROM figures f JOIN runs r USING (run_id) "
+                 f"WHERE f.check_id IN ({marks}) {cutoff} ORDER BY r.seq DESC")
+        params = [*checks, *([before] if before is not None else [])]
+        out: dict[SeriesKey, tuple[str, float]] = {}
+        for key, check_id, name, run_id, value in self.db.execute(query, params):
+            out[(key, check_id, name)] = (run_id, float(value))  # the oldest one is written last
         return out

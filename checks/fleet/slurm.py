@@ -321,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a check run longer than this is a failure (default 300)")
     hc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR",
                     help=f"keep the last report here for the prolog (default {STATE_DIR})")
+    hc.add_argument("--budget", metavar="TIME",
+                    help="passed to python -m checks --budget: the most valuable checks that fit "
+                         "(e.g. 90s; keep it below --timeout)")
     pro = sub.add_parser("prolog", parents=[common],
                          help="Prolog: exit 1 (Slurm then holds the job and drains the node) "
                               "when this node's last verdict failed")
@@ -388,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node = args.node or str(item.report["host"]).split(".")[0]
             result = verdict(item.report)
         else:
-            extra = args.checks_args
+            extra = [*(["--budget", args.budget] if args.budget else []), *args.checks_args]
             node = args.node or local_node()
             result = run_checks(args.level, extra, args.timeout, Path(args.state_dir))
         act(decide(node, result, node_state(node), args.prefix), args.apply)

@@ -239,3 +239,31 @@ def _range_ticks(lo: float, hi: float, count: int = 8) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     return [k * step for k in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
+
+
+def sparkline(values: Sequence[float], *, baseline: float, warn: float, fail: float,
+              color: str, tooltip: str = "", width: int = 160, height: int = 32) -> ET.Element:
+    """One GPU's figure over its runs (the last point is this run), with its baseline and the
+    WARN / FAIL limits below it (`warn` and `fail` are values, not percentages)."""
+    pad = 3
+    lo = min([*values, fail]) * 0.98
+    hi = max([*values, baseline]) * 1.02
+    span = (hi - lo) or 1.0
+    svg = ET.Element("svg", {"xmlns": SVG_NS, "viewBox": f"0 0 {width} {height}", "width": str(width),
+                             "height": str(height), "class": "spark", "role": "img"})
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        x = pad + (width - 2 * pad) * (i / max(len(values) - 1, 1))
+        return x, pad + (height - 2 * pad) * (1 - (v - lo) / span)
+
+    for value, stroke, dash in ((baseline, MUTED, ""), (warn, "#bf8700", "3,2"), (fail, "#cf222e", "3,2")):
+        y = xy(0, value)[1]
+        _sub(svg, "line", x1=pad, x2=width - pad, y1=f"{y:.1f}", y2=f"{y:.1f}", stroke=stroke,
+             stroke_width=1, stroke_dasharray=dash or "none")
+    pts = [xy(i, v) for i, v in enumerate(values)]
+    _sub(svg, "path", d="M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in pts), fill="none",
+         stroke="#0969da", stroke_width=1.5)
+    x, y = pts[-1]
+    _sub(svg, "circle", cx=f"{x:.1f}", cy=f"{y:.1f}", r=3, fill=color)
+    _sub(svg, "title", tooltip or " → ".join(fmt(v) for v in values))
+    return svg

@@ -55,6 +55,26 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
                           else f"{s.deficit_pct:.1f} %", _status(s.status))
         console.print(table)
 
+    if fleet.drifts:
+        table = Table(title="drifting (below their own baseline)", expand=False)
+        for col in ("host", "GPU", "figure", "value", "baseline", "off by", "status"):
+            table.add_column(col, justify="right" if col in ("value", "baseline", "off by") else "left")
+        for d in fleet.drifts:
+            table.add_row(d.host, f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host",
+                          f"{d.check}/{d.name}", f"{d.value:.4g}",
+                          f"{d.baseline:.4g} ({d.baseline_kind})", f"{d.deficit_pct:.1f} %",
+                          _status(d.status or ""))
+        console.print(table)
+
+    if fleet.digests and fleet.digests.odd:
+        table = Table(title="reference digest differs from its group's majority", expand=False)
+        for col in ("host", "GPU", "group", "digest", "majority", "status"):
+            table.add_column(col, overflow="fold")
+        for odd in fleet.digests.odd:
+            table.add_row(odd.host, odd.gpu.label() if odd.gpu else "host", odd.group.label(),
+                          odd.digest[:12], (odd.majority or "none")[:12], _status(odd.status))
+        console.print(table)
+
     if fleet.lemons:
         table = Table(title="lemons (GPUs failing run after run)", expand=False)
         for col in ("GPU UUID", "failed runs", "hosts", "checks"):

@@ -15,7 +15,7 @@ from typing import Any
 from .. import __version__
 from ..fleet import svg
 from ..fleet.aggregate import Fleet, from_reports
-from ..fleet.figures import Curve, Figure
+from ..fleet.figures import Curve, Figure, higher_is_better
 from ..fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
 
 COLORS = {"PASS": "#1a7f37", "WARN": "#bf8700", "FAIL": "#cf222e", "ERROR": "#8250df",
@@ -24,6 +24,7 @@ BAR = "#54aeff"
 MAX_BARS = 256          # more GPUs or hosts than this: a histogram instead of one bar each
 MAX_HOST_DETAILS = 16   # hosts whose every check result is listed
 MAX_LISTED = 50         # hosts listed per failing check before "and N more"
+MAX_SPARKLINES = 12     # GPU figures drawn with their history: drifting ones, then the nearest
 # How to plot a check's curve: x key, y key, log-x, axis labels. Others: first two keys, linear.
 CURVES = {
     "nccl-allreduce": ("bytes", "busbw_gbs", True, "message size", "bus bandwidth (GB/s)"),
@@ -55,6 +56,8 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .chart .axis{stroke:#57606a}
 .chart .bar:hover,.chart .series:hover{opacity:.7}
 .empty{color:#57606a;font-style:italic}
+.spark{vertical-align:middle}
+code{font-size:12px}
 .filters{margin-bottom:8px}
 details{margin:6px 0}
 summary{cursor:pointer;font-weight:600}
@@ -132,6 +135,10 @@ def _hosts(main: ET.Element, fleet: Fleet) -> None:
     slow: dict[str, list[str]] = defaultdict(list)
     for s in fleet.stragglers:
         slow[s.host].append(f"{s.name} ({s.gpu.label() if s.gpu else 'host'}) straggler")
+    for d in fleet.drifts:
+        slow[d.host].append(f"{d.name} ({d.gpu.label() if d.gpu else 'host'}) drifting")
+    for odd in fleet.digests.odd if fleet.digests else ():
+        slow[odd.host].append(f"digest ({odd.gpu.label() if odd.gpu else 'host'}) differs")
     for h in sorted(fleet.hosts, key=lambda h: (order[h.status], h.host)):
         tr = _el(body, "tr", data_host=h.host.lower(), data_status=h.status)
         _el(tr, "td", h.host)
@@ -197,6 +204,79 @@ def _stragglers_and_lemons(main: ET.Element, fleet: Fleet) -> None:
             _el(tr, "td", lemon.last_failed_run)
     else:
         _el(sec, "p", "None (or no run history: see --history).", class_="empty")
+
+
+def _drift(main: ET.Element, fleet: Fleet) -> None:
+    if len(fleet.hosts) == 1 and not fleet.drift:
+        return  # the history is a fleet matter
+    sec = _el(main, "section")
+    _el(sec, "h2", "Memory of every GPU: figures against the GPU's own baseline")
+    bad = fleet.drifts
+    if bad:
+        names = sorted({f"{d.host} {d.gpu.label() if d.gpu else 'host'}" for d in bad})
+        _el(sec, "p", f"Drifting: {', '.join(names)}.")
+    if not fleet.drift:
+        _el(sec, "p", "No GPU has enough history yet (or no run history: see --history).",
+            class_="empty")
+        return
+    shown = [*bad, *[d for d in fleet.drift if not d.status][:max(0, MAX_SPARKLINES - len(bad))]]
+    body = _table(sec, ["host", "GPU", "figure", "runs (last = this run)", "baseline", "this run",
+                        "below baseline", "status"])
+    for d in shown:
+        tr = _el(body, "tr")
+        _el(tr, "td", d.host)
+        _el(tr, "td", f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host")
+        _el(tr, "td", f"{d.check} / {d.name}")
+        scale = -1 if higher_is_better(d.name) else 1  # the limits lie on the figure's bad side
+        warn = d.baseline * (1 + scale * d.warn_pct / 100)
+        fail = d.baseline * (1 + scale * d.fail_pct / 100)
+        cell = _el(tr, "td")
+        cell.append(svg.sparkline(list(d.series), baseline=d.baseline, warn=warn, fail=fail,
+                                  color=COLORS.get(d.status or "PASS", BAR),
+                                  tooltip=" → ".join(svg.fmt(v) for v in d.series)))
+        _el(tr, "td", f"{svg.fmt(d.baseline)} ({d.baseline_kind}{f' of {d.runs}' if d.runs > 1 else ''})",
+            class_="num")
+        _el(tr, "td", svg.fmt(d.value), class_="num")
+        _el(tr, "td", f"{d.deficit_pct:.1f} % (warn {d.warn_pct:g}, fail {d.fail_pct:g})", class_="num")
+        _badge(_el(tr, "td"), d.status or "PASS")
+    if len(fleet.drift) > len(shown):
+        _el(sec, "p", f"… and {len(fleet.drift) - len(shown)} more GPU figures within their limits.",
+            class_="meta")
+
+
+def _digests(main: ET.Element, fleet: Fleet) -> None:
+    analysis = fleet.digests
+    if analysis is None or not analysis.groups:
+        if len(fleet.hosts) > 1:
+            sec = _el(main, "section")
+            _el(sec, "h2", "Same bits everywhere: reference digests")
+            _el(sec, "p", "No reference-digest results in these reports (it runs at --level "
+                          "standard on GPU hosts).", class_="empty")
+        return
+    sec = _el(main, "section")
+    _el(sec, "h2", "Same bits everywhere: reference digests by GPU model and software stack")
+    body = _table(sec, ["GPU model", "driver", "CUDA", "torch", "reference", "hosts", "GPUs",
+                        "majority digest", "other digests"])
+    for g in analysis.groups:
+        tr = _el(body, "tr")
+        for text in (g.key.model, g.key.driver, g.key.cuda, g.key.torch, g.key.reference):
+            _el(tr, "td", text)
+        _el(tr, "td", len(g.hosts), class_="num")
+        _el(tr, "td", len(g.entries), class_="num")
+        _el(_el(tr, "td"), "code", g.majority[:16] if g.majority else "none (split)")
+        _el(tr, "td", ", ".join(f"{d[:12]} ×{n}" for d, n in g.counts if d != g.majority) or "")
+    if analysis.odd:
+        _el(sec, "p", "GPUs whose digest differs from their group's majority:")
+        body = _table(sec, ["host", "GPU", "digest", "group majority", "status"])
+        for odd in analysis.odd:
+            tr = _el(body, "tr")
+            _el(tr, "td", odd.host)
+            _el(tr, "td", f"{odd.gpu.label()} {odd.gpu.uuid or ''}" if odd.gpu else "host")
+            _el(_el(tr, "td"), "code", odd.digest[:16])
+            _el(_el(tr, "td"), "code", odd.majority[:16] if odd.majority else "none")
+            _badge(_el(tr, "td"), odd.status)
+    else:
+        _el(sec, "p", "Every GPU computed its group's digest.", class_="empty")
 
 
 def _curve_charts(curves: list[Curve], highlight: dict[str, str]) -> list[ET.Element]:
@@ -348,6 +428,8 @@ def render(fleet: Fleet) -> str:
     main = _el(body, "main")
     _by_check(main, fleet)
     _stragglers_and_lemons(main, fleet)
+    _drift(main, fleet)
+    _digests(main, fleet)
     _plots(main, fleet)
     _hosts(main, fleet)
     _host_details(main, fleet)

@@ -7,6 +7,8 @@ Result shapes (the fixture backend returns the same, see scenario.py):
 - membw: [{"index", "pci", "device", "copy_gbs"}]
 - p2p: {"count", "pci", "access": [[bool]], "bandwidth_gbs": [[GB/s | None]], "bytes"}
 - burn_in: burn.burn()'s dict; devices carry "pci", samples come from NVML
+- digest: [{"index", "pci", "device", "digest", "digests": [per repeat], "reference"}], one row
+  per GPU, or one row with index None on the CPU (reference.py: the fixed computation)
 - dataloader_workers / dataloader_scaling / dataloader_worker_death: dataloader.py's dicts
 
 `exclude_pci` (matmul, membw, burn_in): PCI addresses of GPUs not to touch (compute mode
@@ -29,13 +31,14 @@ SAMPLE_FIELDS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c", "power_
 
 # Hard deadline of a measurement's child process, a little inside its check's timeout (the
 # runner abandons a check at its timeout but cannot kill what it started).
-CHILD_TIMEOUT_S = {"matmul": 1750.0, "membw": 870.0, "p2p": 870.0, "dataloader_scaling": 870.0}
+CHILD_TIMEOUT_S = {"digest": 290.0,
+                   "matmul": 1750.0, "membw": 870.0, "p2p": 870.0, "dataloader_scaling": 870.0}
 BURN_IN_MARGIN_S = 600.0
 
 
 def needs_child(name: str, params: dict[str, Any]) -> bool:
     """True for measurements that create a CUDA context."""
-    if name in ("matmul", "membw", "burn_in"):
+    if name in ("matmul", "membw", "burn_in", "digest"):
         return params.get("device") == "cuda"
     if name == "dataloader_scaling":
         return bool(params.get("pin_memory"))
@@ -149,6 +152,21 @@ def _burn_in(hw: Backend, *, device: str, duration_s: float, n: int, dtype: str,
     return result
 
 
+def _digest(hw: Backend, *, device: str, repeats: int = 2,
+            exclude_pci: list[str] | None = None) -> list[dict[str, Any]]:
+    import os
+
+    from . import reference
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the CUDA context exists
+    if device == "cuda":
+        from . import compute
+
+        return compute.per_gpu(lambda d: reference.run([d], repeats)[0],
+                               exclude_pci=exclude_pci or ())
+    return [{**reference.run(_devices("cpu"), repeats)[0], "pci": None}]
+
+
 def _dataloader_workers(hw: Backend, **params: Any) -> dict[str, Any]:
     from . import dataloader
 
@@ -173,6 +191,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "membw": _membw,
     "p2p": _p2p,
     "burn_in": _burn_in,
+    "digest": _digest,
     "dataloader_workers": _dataloader_workers,
     "dataloader_scaling": _dataloader_scaling,
     "dataloader_worker_death": _dataloader_worker_death,

@@ -124,6 +124,28 @@ def _burn_in(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -
             "n": int(params.get("n", 8192)), "dtype": str(params.get("dtype", "bf16"))}
 
 
+def _digest(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:
+    """{default: {digest: ...}, 3: {digest: other}, cpu: {digest: ...}}; an entry may give
+    `digests` (one per repeat) to describe a GPU that cannot reproduce its own result."""
+    from .reference import reference_id
+
+    def row(i: int | None, pci: str | None, entry: Any) -> dict[str, Any]:
+        e = dict(entry) if isinstance(entry, Mapping) else {"digest": entry}
+        digests = [str(d) for d in e.get("digests") or [e.get("digest", HEALTHY_DIGEST)]
+                   * int(params.get("repeats", 2))]
+        return {"index": i, "pci": pci, "device": "cpu" if i is None else f"cuda:{i}",
+                "digest": digests[0], "digests": digests,
+                "reference": str(e.get("reference", reference_id()))}
+
+    if params.get("device") == "cpu":
+        cpu = _cpu_or(raw, params)
+        if cpu is None:
+            raise NotSupported("the scenario has no measurements.digest.cpu")
+        return [row(None, None, cpu)]
+    return [row(i, pci, entry)
+            for i, pci, entry in per_gpu({k: v for k, v in raw.items() if k != "cpu"}, gpus)]
+
+
 def _collectives(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:
     """ops: {op: [[bytes, busbw_gbs], ...] or [{bytes, time_us|algbw_gbs|busbw_gbs}]}."""
     n = int(raw.get("world_size", params.get("nproc", len(gpus))))
@@ -191,6 +213,7 @@ BUILDERS = {
     "membw": _membw,
     "p2p": _p2p,
     "burn_in": _burn_in,
+    "digest": _digest,
     "dataloader_workers": _dataloader_workers,
     "dataloader_scaling": _dataloader_scaling,
     "dataloader_worker_death": _dataloader_worker_death,
