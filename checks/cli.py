@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="driver branch (e.g. 580) or exact version the host must run")
     p.add_argument("--expect-cuda", metavar="X.Y",
                    help="minimum CUDA version the driver must support")
+    p.add_argument("--expect-rdma-rate", type=float, metavar="GBPS",
+                   help="rate every RDMA port must run at, e.g. 400 (default: the profile's)")
+    p.add_argument("--expect-rdma-nics", type=int, metavar="N",
+                   help="compute NICs (RDMA devices) this host must have (default: profile)")
     p.add_argument("--duration", type=parse_duration, default=600.0, metavar="TIME",
                    help="burn-in duration, e.g. 90s, 10m, 1h (default 10m)")
     p.add_argument("--nproc", type=int, metavar="N",
@@ -166,11 +170,18 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         for chk in selected:
             console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {chk.title}", highlight=False)
         return 0
+    for flag, value in (("--expect-rdma-rate", args.expect_rdma_rate),
+                        ("--expect-rdma-nics", args.expect_rdma_nics)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
     hw = make_backend(args.simulate)
     profile = choose_profile(hw, args.profile)
     options = Options(level=args.level, expect_gpus=args.expect_gpus,
                       expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
-                      duration_s=args.duration, nproc=args.nproc)
+                      duration_s=args.duration, nproc=args.nproc,
+                      extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
+                                               ("expect_rdma_nics", args.expect_rdma_nics))
+                             if v is not None})
     ctx = Context(hw, profile, options)
     ctx.selected = {chk.id for chk in selected}
     started_at = dt.datetime.now(dt.UTC).isoformat()

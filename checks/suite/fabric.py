@@ -20,7 +20,7 @@ from ..registry import check
 from ..workloads import plan
 from ..workloads.nccl_log import NcclLog
 
-NO_RDMA = "no RDMA devices (/sys/class/infiniband is empty or absent): single-node host"
+NO_RDMA = "no RDMA devices (/sys/class/infiniband is empty or absent): no RDMA fabric to check"
 # ACS Control bits (PCIe base spec 7.7.8.3) that send peer-to-peer traffic up to the root
 # complex instead of across the switch: P2P Request Redirect, P2P Completion Redirect,
 # P2P Egress Control. NVIDIA/nccl#2079, #606: ACS on between a GPU and its NIC breaks P2P and
@@ -50,9 +50,12 @@ def _option(ctx: Context, key: str, profile_key: str) -> tuple[Any, str]:
 
 
 def compute_nics(ctx: Context, devices: list[RdmaDevice]) -> list[RdmaDevice]:
-    """The NICs NCCL would use for training traffic: of the profile's link layer when it names
-    one (InfiniBand HGX rails), else every RDMA device."""
+    """The NICs that carry training traffic: of the profile's link layer when it names one;
+    else the InfiniBand HCAs when there are any (imbue's H100 hosts: 8 IB CX-7 for compute,
+    CX-6 Ethernet for IP, imbue-ai/cluster-health#4); else every RDMA device (RoCE)."""
     layer = ctx.profile.get("rdma.link_layer")
+    if not layer and any(p.link_layer == "InfiniBand" for d in devices for p in d.ports):
+        layer = "InfiniBand"  # a host with IB HCAs uses its Ethernet RDMA NICs for the front end
     if not layer:
         return devices
     return [d for d in devices if any(p.link_layer == layer for p in d.ports)]
@@ -72,6 +75,7 @@ def rdma_ports(ctx: Context) -> list[Result]:
     width = ctx.profile.get("rdma.expected_width")
     layer = ctx.profile.get("rdma.link_layer")
     mtu_min = ctx.profile.get("rdma.active_mtu_min")
+    compute_names = {d.name for d in compute_nics(ctx, devices)}
     results = []
     for dev in devices:
         if not dev.ports:
@@ -80,12 +84,13 @@ def rdma_ports(ctx: Context) -> list[Result]:
         for port in dev.ports:
             # A number applies to every port; a mapping gives the rate per link layer.
             rate = rates.get(port.link_layer) if isinstance(rates, dict) else rates
-            results.append(_judge_port(dev, port, rate, rate_src, width, layer, mtu_min))
+            results.append(_judge_port(dev, port, rate, rate_src, width, layer, mtu_min,
+                                       dev.name in compute_names))
     return results
 
 
 def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width: Any,
-                layer: Any, mtu_min: Any) -> Result:
+                layer: Any, mtu_min: Any, compute: bool = True) -> Result:
     name = _label(dev, port)
     speed = (f"{port.rate_gbps:g} Gb/s ({port.width or '?'} {port.speed or ''})".rstrip()
              .replace(" )", ")") if port.rate_gbps is not None else "rate unknown")
@@ -96,6 +101,9 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
     kw: dict[str, Any] = {"device": _device(dev, port), "details": details, "value": port.rate_gbps,
                           "unit": "Gb/s"}
     summary = f"{name} {port.link_layer or '?'} {port.state}/{port.phys_state} {speed}"
+    if (port.state != "ACTIVE" or port.phys_state != "LinkUp") and not compute:
+        return warn(f"{summary}: port is not up (not a compute NIC: an uncabled front-end "
+                    "port is common)", expected="ACTIVE/LinkUp", **kw)
     if port.state != "ACTIVE" or port.phys_state != "LinkUp":
         return fail(f"{summary}: port is not up", expected="ACTIVE/LinkUp",
                     remedy="check the cable and the switch port (ibstat, `ibstatus`); on "
@@ -190,6 +198,12 @@ def rdma_counters(ctx: Context) -> list[Result]:
         for port in dev.ports:
             kw = {"device": _device(dev, port)}
             seen = {k: port.counters[k] for k in limits if k in port.counters}
+            if not seen and port.link_layer == "Ethernet":
+                results.append(skip(f"{_label(dev, port)}: RoCE port without the InfiniBand "
+                                    "error counters (read `ethtool -S "
+                                    f"{port.netdev or '<netdev>'}` for its Ethernet errors)",
+                                    **kw))
+                continue
             if not seen:
                 results.append(error(f"{_label(dev, port)}: none of the error counters "
                                      f"{sorted(limits)} is exposed", **kw))
@@ -377,7 +391,8 @@ def pcie_acs(ctx: Context) -> list[Result]:
     for rail, gpu in zip(rails_map(ctx, list(nics.values())), ctx.pci_gpus, strict=True):
         if rail.nic is None:
             continue
-        bridges = _bridges_between(gpu, nics[rail.nic])
+        nic = nics[rail.nic]
+        bridges = _bridges_between(gpu, nic) if gpu.pci_path and nic.pci_path else []
         kw = {"device": Device(name=rail.gpu, pci=gpu.address)}
         if not bridges:
             results.append(skip(f"{rail.gpu} -> {rail.nic}: no PCI bridge known between them "
