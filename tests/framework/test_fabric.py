@@ -403,3 +403,30 @@ def test_scenario_rdma_key_is_validated(tmp_path: Path) -> None:
         {"name": "mlx5_0", "ports": [{"speed": 1}]}]}}))
     with pytest.raises(ScenarioError, match="unknown key"):
         load_scenario(str(path))
+
+
+# --- the fleet views ----------------------------------------------------------------------------
+def test_fleet_shows_rails_and_transports_per_host(run_cli, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from checks.fleet import terminal
+    from checks.fleet.aggregate import from_reports
+    from checks.render import html
+
+    p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 8}[{i}] via "
+                  "P2P/CUMEM/read\n" for i in range(8))
+    _, with_transport, _ = run_cli("--simulate", _with_log(tmp_path, p2p), "--level", "standard",
+                                   "--only", "rdma-rails,nccl-allreduce,nccl-transport")
+    _, without, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "rdma-rails")
+    with_transport["host"], without["host"] = "gpu-a", "gpu-b"
+    fleet = from_reports([with_transport, without])
+    out = io.StringIO()
+    terminal.render(fleet, Console(file=out, width=400, color_system=None), verbose=True)
+    text = out.getvalue()
+    assert "multi-node fabric" in text
+    assert "GPU0->mlx5_0 (pcie-switch)" in text and "nccl-allreduce: P2P x8 [PASS]" in text
+    assert "gpu-b" not in text.split("multi-node fabric")[1]  # no RDMA, no transports: no row
+    page = html.render(fleet)
+    assert "Multi-node fabric" in page and "GPU7-&gt;mlx5_11 (pcie-switch)" in page

@@ -197,3 +197,20 @@ def test_capture_reads_the_launch_log_and_cleans_up(tmp_path: Path) -> None:
         assert cap.workdir is None and cap.parse({"ok": True}) is None
     with nccl_log.capture(None, active=True) as cap:
         assert cap.parse({"ok": True}, simulated=True) is None
+
+
+def test_cross_host_stage_fails_a_finished_run_that_used_sockets() -> None:
+    from checks.crosshost import transport_verdict
+    from checks.model import passed
+
+    result = transport_verdict(passed("4 ranks nccl: exact; busbw 21 GB/s"),
+                               log("socket-forced-2.11.4-nccl676.log"), IB_UP)
+    assert result.status is Status.FAIL
+    assert result.message.startswith("4 ranks nccl") and "transport: " in result.message
+    assert result.details["transports"] == {"NET/Socket": 4}
+    assert result.details["nccl_transport"]["status"] == "FAIL"
+    ok = transport_verdict(passed("fine"), log("h20-ib-gdrdma-cumem-nccl1189.log"), IB_UP)
+    assert ok.status is Status.PASS and ok.details["transports"]["NET/IB+GDRDMA"] == 3
+    # Hosts without RDMA ports: sockets are all there is.
+    assert transport_verdict(passed("fine"), log("socket-two-nodes-nccltests284.log"),
+                             ()).status is Status.PASS
