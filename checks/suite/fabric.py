@@ -62,7 +62,7 @@ def compute_nics(ctx: Context, devices: list[RdmaDevice]) -> list[RdmaDevice]:
 
 
 @check("rdma-ports", code="NET001", title="RDMA ports active, at the expected rate, MTU, RoCE GIDs",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def rdma_ports(ctx: Context) -> list[Result]:
     """Every port of every RDMA device: state ACTIVE, physical state LinkUp, rate at least the
     expected one (--expect-rdma-rate or profile rdma.expected_rate_gbps), width (profile
@@ -148,7 +148,7 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
 
 
 @check("rdma-firmware", code="NET002", title="same firmware on every HCA of a model",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def rdma_firmware(ctx: Context) -> list[Result]:
     """HCAs of one type (sysfs hca_type) must run one firmware version: mixed firmware is a
     half-finished update (gcm's check-iblink fails firmware mismatches)."""
@@ -184,7 +184,7 @@ def rdma_firmware(ctx: Context) -> list[Result]:
 
 
 @check("rdma-counters", code="NET003", title="RDMA port error counters and link flaps",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def rdma_counters(ctx: Context) -> list[Result]:
     """Port error counters since they were last cleared (usually boot) against profile
     rdma.counters: above `warn` WARN, above `fail` FAIL. link_downed counts link flaps and names
@@ -265,7 +265,7 @@ def rails_map(ctx: Context, nics: list[RdmaDevice]) -> list[Rail]:
 
 
 @check("rdma-rails", code="NET004", title="compute NIC count and each GPU's nearest NIC",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def rdma_rails(ctx: Context) -> list[Result]:
     """The rails map: for each GPU the nearest compute NIC from the PCI topology (same PCIe
     switch, else same NUMA node). FAIL when fewer compute NICs than expected
@@ -313,7 +313,7 @@ def _kernel_at_least(release: str, major: int, minor: int) -> bool:
 
 
 @check("gpudirect-rdma", code="NET005", title="GPUDirect RDMA available (peer memory or dma-buf)",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def gpudirect_rdma(ctx: Context) -> Result:
     """Where GPUs and RDMA devices meet, NCCL needs a GPU memory path for the NIC: the
     nvidia_peermem module registered with the RDMA core (/sys/kernel/mm/memory_peers/nv_mem),
@@ -374,7 +374,7 @@ def _bridges_between(gpu: PciDevice, nic: RdmaDevice) -> list[str]:
 
 
 @check("pcie-acs", code="NET006", title="ACS redirect off between each GPU and its NIC",
-       stage="host", tags=("fabric",))
+       stage="health", tags=("fabric",))
 def pcie_acs(ctx: Context) -> list[Result]:
     """ACS P2P redirect on a PCIe bridge between a GPU and its nearest NIC sends GPUDirect
     traffic through the root complex: slow, and NCCL can hang (nccl#2079, #606). FAIL on bare
@@ -461,7 +461,7 @@ def _names_match(spec: str, names: list[str]) -> list[str]:
 
 
 @check("nccl-env", code="NET007", title="no NCCL variable silently cripples a job",
-       stage="host", tags=("fabric", "nccl"))
+       stage="health", tags=("fabric", "nccl"))
 def nccl_env(ctx: Context) -> list[Result]:
     """NCCL_* variables in this environment that disable a transport (NCCL_P2P_DISABLE,
     NCCL_P2P_LEVEL=LOC, NCCL_IB_DISABLE, NCCL_NET=Socket, ...) or name nothing that exists
