@@ -83,7 +83,8 @@ def ibv_devinfo_mtus() -> dict[tuple[str, int], int]:
 
 
 def _gids(port_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
-    gids, netdev = [], None
+    gids: list[dict[str, Any]] = []
+    netdev: str | None = None
     gid_dir = port_dir / "gids"
     if not gid_dir.is_dir():
         return gids, netdev
@@ -126,7 +127,9 @@ def read_devices(root: Path = SYS_IB, net_root: Path = SYS_NET,
         mtus = ibv_devinfo_mtus() if entries else {}
     devices = []
     for entry in entries:
-        address, path, numa = None, (), None
+        address: str | None = None
+        path: tuple[str, ...] = ()
+        numa: int | None = None
         link = entry / "device"
         if link.exists():
             resolved = link.resolve()

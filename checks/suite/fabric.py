@@ -94,10 +94,11 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
     name = _label(dev, port)
     speed = (f"{port.rate_gbps:g} Gb/s ({port.width or '?'} {port.speed or ''})".rstrip()
              .replace(" )", ")") if port.rate_gbps is not None else "rate unknown")
-    details = {"state": port.state, "phys_state": port.phys_state, "rate_gbps": port.rate_gbps,
+    details: dict[str, Any] = {"state": port.state, "phys_state": port.phys_state,
+               "rate_gbps": port.rate_gbps,
                "width": port.width, "speed": port.speed, "link_layer": port.link_layer,
                "active_mtu": port.active_mtu, "netdev": port.netdev, "fw_ver": dev.fw_ver,
-               "gids": [g for g in port.gids if g.get("type")][:8]}
+               "gids": [dict(g) for g in port.gids if g.get("type")][:8]}
     kw: dict[str, Any] = {"device": _device(dev, port), "details": details, "value": port.rate_gbps,
                           "unit": "Gb/s"}
     summary = f"{name} {port.link_layer or '?'} {port.state}/{port.phys_state} {speed}"
@@ -259,7 +260,7 @@ def rails_map(ctx: Context, nics: list[RdmaDevice]) -> list[Rail]:
     for i, gpu in enumerate(ctx.pci_gpus):
         ranked = sorted(nics, key=lambda n: (AFFINITY_RANK[affinity(gpu, n)], n.name))
         best = ranked[0] if ranked else None
-        rails.append(Rail(f"GPU{i} {gpu.address}", gpu.address, best and best.name,
+        rails.append(Rail(f"GPU{i} {gpu.address}", gpu.address, best.name if best else None,
                           affinity(gpu, best) if best else "unknown"))
     return rails
 
@@ -309,7 +310,9 @@ def rdma_rails(ctx: Context) -> list[Result]:
 
 def _kernel_at_least(release: str, major: int, minor: int) -> bool:
     match = re.match(r"(\d+)\.(\d+)", release)
-    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (major, minor)
+    if match is None:
+        return False
+    return (int(match.group(1)), int(match.group(2))) >= (major, minor)
 
 
 @check("gpudirect-rdma", code="NET005", title="GPUDirect RDMA available (peer memory or dma-buf)",
@@ -327,11 +330,12 @@ def gpudirect_rdma(ctx: Context) -> Result:
         return skip("no NVIDIA GPU on the PCI bus: GPUDirect RDMA does not apply")
     modules = ctx.hw.loaded_modules()
     peermem = sorted(m for m in ("nvidia_peermem", "nv_peer_mem") if m in modules)
-    peers = ctx.hw.memory_peers()
+    peers = ctx.hw.memory_peers() or []
     proc = ctx.hw.proc_driver_version() or ""
     kernel = ctx.hw.kernel_release()
     dmabuf = "Open Kernel Module" in proc and _kernel_at_least(kernel, 5, 12)
-    details = {"peer_memory_modules": peermem, "memory_peers": peers, "dmabuf_possible": dmabuf,
+    details = {"peer_memory_modules": peermem, "memory_peers": ctx.hw.memory_peers(),
+               "dmabuf_possible": dmabuf,
                "kernel": kernel, "open_kernel_module": "Open Kernel Module" in proc}
     registered = bool(peers) and any(p.startswith("nv_mem") for p in peers)
     remedy = ("load the peer-memory module at boot (`modprobe nvidia-peermem`, "
@@ -343,7 +347,7 @@ def gpudirect_rdma(ctx: Context) -> Result:
                       value=peermem[0], details=details)
     if peermem:
         text = (f"{peermem[0]} is loaded but not registered with the RDMA core "
-                f"(/sys/kernel/mm/memory_peers {'has no nv_mem' if peers is not None else 'missing'})")
+                f"(/sys/kernel/mm/memory_peers {'has no nv_mem' if peers else 'missing or empty'})")
         if dmabuf:
             return warn(f"{text}; dma-buf may still carry GPUDirect (open module, kernel "
                         f"{kernel}): confirm GDRDMA with the nccl-transport check",

@@ -99,7 +99,7 @@ def test_six_nics_for_eight_gpus_fails_unless_expected(run_cli) -> None:
 
 
 def test_real_nccl_variables_of_nccl_tests_228_raise_no_alarm(run_cli) -> None:
-    code, report, _ = run_cli("--simulate", "fabric-a100-ib-hca-nccltests228", "--level", "quick")
+    _, report, _ = run_cli("--simulate", "fabric-a100-ib-hca-nccltests228", "--level", "quick")
     assert status(report, "nccl-env") == "PASS"
     assert "NCCL_IB_HCA=mlx5_2:1,mlx5_0:1" in results(report, "nccl-env")[0]["message"]
     assert status(report, "rdma-ports") == "PASS"  # HDR 200 meets the A100 profile's 200
@@ -277,9 +277,9 @@ def test_transport_check_reads_the_log_of_the_collective(run_cli, tmp_path: Path
 
 
 def test_transport_check_without_a_log_skips_with_the_reason(run_cli) -> None:
-    code, report, _ = run_cli("--simulate", "workload-low-busbw", "--only", "nccl-transport")
+    _, report, _ = run_cli("--simulate", "workload-low-busbw", "--only", "nccl-transport")
     assert "nccl-allreduce did not run" in results(report, "nccl-transport")[0]["message"]
-    code, report, _ = run_cli("--simulate", "workload-low-busbw", "--only",
+    _, report, _ = run_cli("--simulate", "workload-low-busbw", "--only",
                               "nccl-allreduce,nccl-transport")
     assert status(report, "nccl-transport") == "SKIP"
     assert "records no NCCL log" in results(report, "nccl-transport")[0]["message"]
@@ -287,7 +287,7 @@ def test_transport_check_without_a_log_skips_with_the_reason(run_cli) -> None:
 
 def test_transport_check_skips_on_this_cpu_host_with_the_reason(run_cli) -> None:
     """The real backend on a machine without GPUs: gloo ranks, no NCCL transport to prove."""
-    code, report, _ = run_cli("--only", "nccl-allreduce,nccl-transport", "--nproc", "2")
+    _, report, _ = run_cli("--only", "nccl-allreduce,nccl-transport", "--nproc", "2")
     if status(report, "nccl-allreduce") != "PASS":
         pytest.skip("the gloo collective did not run here: "
                     f"{results(report, 'nccl-allreduce')[0]['message']}")
