@@ -94,11 +94,11 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
     name = _label(dev, port)
     speed = (f"{port.rate_gbps:g} Gb/s ({port.width or '?'} {port.speed or ''})".rstrip()
              .replace(" )", ")") if port.rate_gbps is not None else "rate unknown")
-    details: dict[str, Any] = {"state": port.state, "phys_state": port.phys_state,
-               "rate_gbps": port.rate_gbps,
-               "width": port.width, "speed": port.speed, "link_layer": port.link_layer,
-               "active_mtu": port.active_mtu, "netdev": port.netdev, "fw_ver": dev.fw_ver,
-               "gids": [dict(g) for g in port.gids if g.get("type")][:8]}
+    details: dict[str, Any] = {
+        "state": port.state, "phys_state": port.phys_state, "rate_gbps": port.rate_gbps,
+        "width": port.width, "speed": port.speed, "link_layer": port.link_layer,
+        "active_mtu": port.active_mtu, "netdev": port.netdev, "fw_ver": dev.fw_ver,
+        "gids": [dict(g) for g in port.gids if g.get("type")][:8]}
     kw: dict[str, Any] = {"device": _device(dev, port), "details": details, "value": port.rate_gbps,
                           "unit": "Gb/s"}
     summary = f"{name} {port.link_layer or '?'} {port.state}/{port.phys_state} {speed}"
