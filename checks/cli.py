@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NVLink links that must be up on every GPU (default: inferred from the "
                         "model profile, NVSwitches on the bus and the links in use; set it for "
                         "NVLink-bridged PCIe SKUs, where a pair with every link down looks unbridged)")
+    p.add_argument("--expect-rdma-rate", type=float, metavar="GBPS",
+                   help="rate every RDMA port must run at, e.g. 400 (default: the profile's)")
+    p.add_argument("--expect-rdma-nics", type=int, metavar="N",
+                   help="compute NICs (RDMA devices) this host must have (default: profile)")
     p.add_argument("--duration", type=parse_duration, default=600.0, metavar="TIME",
                    help="burn-in duration, e.g. 90s, 10m, 1h (default 10m)")
     p.add_argument("--nproc", type=int, metavar="N",
@@ -198,6 +202,10 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         for out in plan.left_out if plan else []:
             console.print(f"left out: {out['id']} ({out['reason']})", highlight=False)
         return 0
+    for flag, value in (("--expect-rdma-rate", args.expect_rdma_rate),
+                        ("--expect-rdma-nics", args.expect_rdma_nics)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
     if plan is None:
         hw = make_backend(args.simulate)
     profile = choose_profile(hw, args.profile)
@@ -208,7 +216,10 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     options = Options(level=args.level, expect_gpus=args.expect_gpus,
                       expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
                       expect_nvlink=args.expect_nvlink,
-                      duration_s=args.duration, nproc=args.nproc)
+                      duration_s=args.duration, nproc=args.nproc,
+                      extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
+                                               ("expect_rdma_nics", args.expect_rdma_nics))
+                             if v is not None})
     ctx = Context(hw, profile, options)
     ctx.selected = {chk.id for chk in selected}
     started_at = dt.datetime.now(dt.UTC).isoformat()

@@ -30,7 +30,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import cliutil, report
+from .hw.base import HardwareError
 from .model import CheckOutcome, Result, Status, error
+from .workloads import nccl_log
 
 STAGES = ("collective", "ddp")
 EXIT_USAGE = 2
@@ -56,16 +58,54 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
     sweep = {"min_bytes": 8, "max_bytes": 256 << 20 if on_gpu else 1 << 20, "factor": 4,
              "warmup": 3 if on_gpu else 1, "iters": 10 if on_gpu else 3, "check_iters": 5,
              "check_elems": 4096}
-    m = collective.run(nproc=nproc, sweep=sweep, backend="nccl" if on_gpu else "gloo",
-                       timeout_s=args.timeout, stall_s=args.stall, start_timeout_s=args.join_timeout,
-                       env=_socket_env(args), nnodes=args.nnodes, node_rank=args.node_rank,
-                       rdzv_endpoint=args.rdzv_endpoint, rdzv_id=f"{args.rdzv_id}-collective",
-                       local_addr=args.local_addr)
+    # NCCL's INFO log (INIT,NET,GRAPH) says which transport each channel used: proof that the
+    # hosts talked over RDMA with GPUDirect, not TCP sockets (judged by transport_verdict).
+    env = {**_socket_env(args), **(nccl_log.debug_env() if on_gpu else {})}
+    with nccl_log.capture(None, on_gpu) as cap:
+        m = collective.run(nproc=nproc, sweep=sweep, backend="nccl" if on_gpu else "gloo",
+                           timeout_s=args.timeout, stall_s=args.stall,
+                           start_timeout_s=args.join_timeout, env=env, nnodes=args.nnodes,
+                           node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                           rdzv_id=f"{args.rdzv_id}-collective", local_addr=args.local_addr,
+                           workdir=cap.workdir)
+        log = cap.parse(m)
     result = judge_collectives(m, None, on_gpu)
     result.details["ranks"] = _rank_view(m.get("ranks") or {})
+    if log is not None and m.get("ok"):
+        result = transport_verdict(result, log, _rdma_ports_up())
     if m.get("ok") and "figures" in result.details:
         peak = result.details["figures"].get("allreduce_busbw_gbs")
         result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
+    return result
+
+
+def _rdma_ports_up() -> tuple[str, ...]:
+    from .hw import rdma
+
+    try:
+        devices = rdma.read_devices()
+    except HardwareError:
+        return ()
+    return tuple(f"{d.name}:{p.port}" for d in devices for p in d.ports
+                 if p.state == "ACTIVE" and p.phys_state == "LinkUp")
+
+
+def transport_verdict(result: Result, log: Any, rdma_up: tuple[str, ...]) -> Result:
+    """A cross-host collective that finished is still a FAIL when it moved over TCP sockets
+    while RDMA ports are up, or over IB without GPUDirect RDMA; an unreadable log is an ERROR.
+    The transports go into the details (the fleet report lists them per host)."""
+    from .suite.fabric import TransportExpectation, judge_transport
+
+    verdict = judge_transport(log, TransportExpectation(cross_host=True, rdma_up=rdma_up,
+                                                        nvlink=False, nvls=False))
+    result.details["transports"] = log.kinds
+    result.details["nccl_transport"] = {"status": str(verdict.status),
+                                        "message": verdict.message,
+                                        **verdict.details.get("nccl", {})}
+    if verdict.status.severity > result.status.severity and verdict.status is not Status.SKIP:
+        result.status = verdict.status
+        result.message = f"{result.message}; transport: {verdict.message}"
+        result.remedy = verdict.remedy
     return result
 
 

@@ -213,7 +213,52 @@ class Recorder:
                                        errors_ok=True)
         host["dmi_product"] = self.fact("dmi_product", hw.dmi_product)
         host["services"] = _drop_missing(host["services"])
+        host["memory_peers"] = self.fact("memory_peers", hw.memory_peers)
+        host["net_interfaces"] = self.fact("net_interfaces", hw.net_interfaces)
         return _drop_missing(host)
+
+    # -- RDMA fabric (issue 11) ---------------------------------------------------------------
+    def rdma(self, host: dict[str, Any]) -> Any:
+        """`rdma:` devices as the scenario writes them, and host.acs for the bridges above the
+        GPUs and the RDMA devices (read only where there are RDMA devices: it needs root)."""
+        try:
+            devices = self.read(self.hw.rdma_devices)
+        except Exception as exc:
+            return {"error": _one_line(exc)}
+        if not devices:
+            return _MISSING
+        out = []
+        for dev in devices:
+            ports = []
+            for p in dev.ports:
+                rate = None
+                if p.rate_gbps is not None:
+                    inner = " ".join(x for x in (p.width, p.speed) if x)
+                    rate = f"{p.rate_gbps:g} Gb/sec" + (f" ({inner})" if inner else "")
+                ports.append({k: v for k, v in {
+                    "port": p.port, "state": p.state, "phys_state": p.phys_state, "rate": rate,
+                    "link_layer": p.link_layer, "gids": [dict(g) for g in p.gids] or None,
+                    "active_mtu": p.active_mtu, "netdev": p.netdev,
+                    "counters": dict(p.counters)}.items() if v is not None})
+            out.append({k: v for k, v in {
+                "name": dev.name, "fw_ver": dev.fw_ver, "hca_type": dev.hca_type,
+                "pci_address": dev.pci_address, "numa_node": dev.numa_node,
+                "pci_path": list(dev.pci_path) or None, "ports": ports}.items()
+                if v is not None})
+        try:
+            bridges = {b for d in self.read(self.hw.pci_devices) for b in d.pci_path}
+        except Exception:
+            bridges = set()
+        bridges |= {b for d in devices for b in d.pci_path}
+        acs = {}
+        for bridge in sorted(bridges):
+            value = self.fact(f"pci_acs_control({bridge})",
+                              functools.partial(self.hw.pci_acs_control, bridge), errors_ok=True)
+            if value is not None:
+                acs[bridge] = value
+        if acs:
+            host["acs"] = acs
+        return {"devices": out}
 
     def kernel_log(self) -> Any:
         lines = self.fact("kernel_log", self.hw.kernel_log, errors_ok=True)
@@ -430,7 +475,14 @@ def record(hw: Backend, *, host: str, redact: bool = False, timeout_s: float = C
         scenario["gpu_defaults"] = defaults
     scenario["gpus"] = gpus
     scenario["torch"] = rec.torch()
+    fabric = rec.rdma(host_facts)
+    if fabric is not _MISSING:
+        scenario["rdma"] = fabric
     if redact:
+        for dev in (fabric or {}).get("devices", []) if isinstance(fabric, dict) else []:
+            for port in dev.get("ports", []):
+                for gid in port.get("gids", []):
+                    gid["gid"] = "redacted"  # a GID carries the port's MAC or IP address
         scenario = Redactor(scenario, host).apply(scenario)
     when = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     shown = REDACTED_HOST if redact else host

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from ..render.terminal import STYLE as CHECK_STYLE
 from .aggregate import Fleet
+from .fabric import summarise
 
 STYLE = {**CHECK_STYLE, "MISSING": "bold red"}
 LISTED = 6  # hosts named per check before "+N more"
@@ -82,6 +83,15 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for lemon in fleet.lemons:
             table.add_row(lemon.uuid, f"{lemon.failed_runs} of last {lemon.window}",
                           ", ".join(lemon.hosts), ", ".join(lemon.checks))
+        console.print(table)
+
+    fabric = summarise(fleet.hosts)
+    if fabric:
+        table = Table(title="multi-node fabric: nearest NIC per GPU, NCCL transports", expand=False)
+        for col in ("host", "rails", "transports"):
+            table.add_column(col, overflow="fold")
+        for row in fabric:
+            table.add_row(row.host, row.rails or "-", row.transports or "-")
         console.print(table)
 
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")

@@ -90,6 +90,36 @@ class TorchInfo:
     error: str | None = None
 
 
+# --- RDMA fabric (issue 11). Read by checks/hw/rdma.py from /sys/class/infiniband. ---------
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device as sysfs (and ibv_devinfo, for the MTU) describes it."""
+
+    port: int
+    state: str  # "ACTIVE", "DOWN", "INIT", "ARMED" (sysfs prints "4: ACTIVE")
+    phys_state: str  # "LinkUp", "Polling", "Disabled", ... ("5: LinkUp")
+    rate_gbps: float | None = None  # 400.0 from "400 Gb/sec (4X NDR)"
+    width: str | None = None  # "4X"
+    speed: str | None = None  # "NDR", "HDR", ... (the text in brackets after the width)
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE)
+    # Non-zero GIDs with their types: [{"index": 3, "gid": "0000:...", "type": "RoCE v2"}]
+    gids: tuple[dict[str, Any], ...] = ()
+    active_mtu: int | None = None  # bytes, from ibv_devinfo (IB) or the netdev (RoCE)
+    netdev: str | None = None  # the Ethernet interface behind a RoCE port
+    counters: Mapping[str, int] = field(default_factory=dict)  # ports/N/counters/*
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str  # mlx5_0
+    fw_ver: str | None = None
+    hca_type: str | None = None  # "MT4129" (ConnectX-7): firmware is compared within a type
+    pci_address: str | None = None
+    numa_node: int | None = None
+    pci_path: tuple[str, ...] = ()  # bridges above the device, as PciDevice.pci_path
+    ports: tuple[RdmaPort, ...] = ()
+
+
 # Field names every GPU handle answers. Values: see linux/nvml.py for units.
 GPU_FIELDS = (
     "name", "uuid", "pci_bus_id", "serial", "memory_total_bytes", "compute_capability",
@@ -221,6 +251,26 @@ class Backend(abc.ABC):
 
     def dmi_product(self) -> str | None:
         """DMI product name (/sys/class/dmi/id/product_name), None when the firmware gives none."""
+        return None
+
+    # --- RDMA fabric and GPUDirect (issue 11; checks/suite/fabric.py) ------------------------
+    def rdma_devices(self) -> list[RdmaDevice]:
+        """RDMA devices (/sys/class/infiniband); [] when there are none. HardwareError when the
+        class directory exists but cannot be read."""
+        return []
+
+    def memory_peers(self) -> list[str] | None:
+        """Entries of /sys/kernel/mm/memory_peers (nv_mem when nvidia_peermem registered with
+        the RDMA core); None when the directory does not exist."""
+        return None
+
+    def pci_acs_control(self, address: str) -> int | None:
+        """ACS Control register of a PCI bridge; None when it has no ACS capability.
+        HardwareError when its extended config space cannot be read (needs root)."""
+        return None
+
+    def net_interfaces(self) -> list[str] | None:
+        """Network interface names (/sys/class/net), None when they cannot be listed."""
         return None
 
     @abc.abstractmethod

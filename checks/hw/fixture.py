@@ -25,17 +25,23 @@ from .base import (
     Nvml,
     NvmlUnavailable,
     PciDevice,
+    RdmaDevice,
+    RdmaPort,
     ShmInfo,
     TorchInfo,
 )
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
-            "nvswitches", "torch", "measurements"}
+            "nvswitches", "torch", "measurements",
+            "rdma"}  # issue 11: RDMA devices (see _rdma_devices)
 HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
              "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env",
              "virtualization", "container", "device_nodes", "fabric_manager_version",
-             "imex_nodes", "dmi_product"}
+             "imex_nodes", "dmi_product",
+             # issue 11: /sys/kernel/mm/memory_peers entries, ACS control per bridge address,
+             # network interface names
+             "memory_peers", "acs", "net_interfaces"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
@@ -46,6 +52,9 @@ NVSWITCH_KEYS = {"address", "pci_device_id", "numa_node", "link", "pci_path"}
 NVML_KINDS = {"ok", "library_missing", "driver_not_loaded", "bindings_missing", "init_failed",
               "no_permission"}
 NVSWITCH_DEVICE_ID = 0x22A3
+RDMA_DEVICE_KEYS = {"name", "fw_ver", "hca_type", "pci_address", "numa_node", "pci_path", "ports"}
+RDMA_PORT_KEYS = {"port", "state", "phys_state", "rate", "link_layer", "gids", "active_mtu",
+                  "netdev", "counters"}
 
 
 class ScenarioError(Exception):
@@ -142,6 +151,7 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
             check_keys(f"nvswitches[{i}]", switch, NVSWITCH_KEYS)
             if not switch.get("address"):
                 raise ScenarioError(f"{path}: nvswitches[{i}] has no address")
+    _validate_rdma(path, data.get("rdma"), check_keys)
     gpus = data.get("gpus", [])
     if not isinstance(gpus, list):
         raise ScenarioError(f"{path}: 'gpus' must be a list")
@@ -158,6 +168,21 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
         if value is not None and not failed and (not isinstance(value, int) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
+
+
+def _validate_rdma(path: Path, rdma: Any, check_keys: Any) -> None:
+    """`rdma: {devices: [...]}` or `rdma: {error: text}` (the class directory unreadable)."""
+    if rdma is None or (isinstance(rdma, dict) and set(rdma) == {"error"}):
+        return
+    if not isinstance(rdma, dict) or not isinstance(rdma.get("devices", []), list):
+        raise ScenarioError(f"{path}: 'rdma' must be a mapping with a 'devices' list")
+    check_keys("rdma", rdma, {"devices"})
+    for i, device in enumerate(rdma.get("devices") or []):
+        check_keys(f"rdma.devices[{i}]", device, RDMA_DEVICE_KEYS)
+        if not (device or {}).get("name"):
+            raise ScenarioError(f"{path}: rdma.devices[{i}] has no name")
+        for j, port in enumerate(device.get("ports") or []):
+            check_keys(f"rdma.devices[{i}].ports[{j}]", port, RDMA_PORT_KEYS)
 
 
 def _value(raw: Any) -> Any:
@@ -389,6 +414,45 @@ class FixtureBackend(Backend):
     def dmi_product(self) -> str | None:
         value = self._host.get("dmi_product")
         return None if value is None else str(value)
+
+    # --- RDMA fabric and GPUDirect (issue 11) ----------------------------------------------
+    def rdma_devices(self) -> list[RdmaDevice]:
+        """Scenario form: rdma: {devices: [{name, fw_ver, hca_type, pci_address, numa_node,
+        pci_path, ports: [{port, state, phys_state, rate: "400 Gb/sec (4X NDR)", link_layer,
+        gids: [{index, gid, type}], active_mtu, netdev, counters: {name: n}}]}]}."""
+        from .rdma import parse_rate
+
+        spec = _value(self.scenario.get("rdma") or {})
+        devices = []
+        for dev in spec.get("devices") or []:
+            ports = []
+            for i, port in enumerate(dev.get("ports") or [{}]):
+                rate, width, speed = parse_rate(port.get("rate"))
+                ports.append(RdmaPort(
+                    port=int(port.get("port", i + 1)), state=str(port.get("state", "ACTIVE")),
+                    phys_state=str(port.get("phys_state", "LinkUp")), rate_gbps=rate,
+                    width=width, speed=speed, link_layer=port.get("link_layer", "InfiniBand"),
+                    gids=tuple(port.get("gids") or ()), active_mtu=port.get("active_mtu"),
+                    netdev=port.get("netdev"),
+                    counters={str(k): int(v) for k, v in (port.get("counters") or {}).items()}))
+            devices.append(RdmaDevice(
+                name=str(dev["name"]), fw_ver=dev.get("fw_ver"), hca_type=dev.get("hca_type"),
+                pci_address=dev.get("pci_address"), numa_node=dev.get("numa_node"),
+                pci_path=tuple(str(b) for b in dev.get("pci_path") or ()), ports=tuple(ports)))
+        return devices
+
+    def memory_peers(self) -> list[str] | None:
+        peers = self._host.get("memory_peers")
+        return None if peers is None else [str(p) for p in peers]
+
+    def pci_acs_control(self, address: str) -> int | None:
+        """host.acs: {bridge address: ACS control value, or {error: text}}; absent: no ACS."""
+        value = _value((self._host.get("acs") or {}).get(address))
+        return None if value is None else int(value)
+
+    def net_interfaces(self) -> list[str] | None:
+        names = self._host.get("net_interfaces", ["lo", "eth0"])
+        return None if names is None else [str(n) for n in names]
 
     def torch(self) -> TorchInfo:
         spec = dict(self.scenario.get("torch") or {})

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import nvml as nvml_module
-from .base import Backend, HardwareError, Nvml, PciDevice, ShmInfo, TorchInfo
+from .base import Backend, HardwareError, Nvml, PciDevice, RdmaDevice, ShmInfo, TorchInfo
 from .torchview import read_torch
 
 SYS_PCI = Path("/sys/bus/pci/devices")
@@ -220,6 +220,30 @@ class LinuxBackend(Backend):
 
     def dmi_product(self) -> str | None:
         return _read(DMI / "product_name") or None
+
+    # --- RDMA fabric and GPUDirect (issue 11) ----------------------------------------------
+    def rdma_devices(self) -> list[RdmaDevice]:
+        from . import rdma
+
+        return rdma.read_devices()
+
+    def memory_peers(self) -> list[str] | None:
+        path = Path("/sys/kernel/mm/memory_peers")
+        try:
+            return sorted(p.name for p in path.iterdir()) if path.is_dir() else None
+        except OSError:
+            return None
+
+    def pci_acs_control(self, address: str) -> int | None:
+        from . import rdma
+
+        return rdma.read_acs(address, self._sys_pci)
+
+    def net_interfaces(self) -> list[str] | None:
+        try:
+            return sorted(os.listdir("/sys/class/net"))
+        except OSError:
+            return None
 
     def torch(self) -> TorchInfo:
         if self._torch is None:

@@ -15,6 +15,7 @@ from typing import Any
 from .. import __version__
 from ..fleet import svg
 from ..fleet.aggregate import Fleet, from_reports
+from ..fleet.fabric import summarise as fabric_rows
 from ..fleet.figures import Curve, Figure, higher_is_better
 from ..fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
 
@@ -148,6 +149,21 @@ def _hosts(main: ET.Element, fleet: Fleet) -> None:
             _el(tr, "td", (h.summary or {}).get(status, ""), class_="num")
         _el(tr, "td", ", ".join([*h.problems, *slow[h.host]]))
         _el(tr, "td", h.reason or "")
+
+
+def _fabric(main: ET.Element, fleet: Fleet) -> None:
+    """Rails map and NCCL transports per host (issue 11), when any report has them."""
+    rows = fabric_rows(fleet.hosts)
+    if not rows:
+        return
+    sec = _el(main, "section")
+    _el(sec, "h2", "Multi-node fabric: nearest NIC per GPU, NCCL transports")
+    body = _table(sec, ["host", "rails", "transports"])
+    for row in rows:
+        tr = _el(body, "tr")
+        _el(tr, "td", row.host)
+        _el(tr, "td", row.rails or "-")
+        _el(tr, "td", row.transports or "-")
 
 
 def _by_check(main: ET.Element, fleet: Fleet) -> None:
@@ -432,6 +448,7 @@ def render(fleet: Fleet) -> str:
     _digests(main, fleet)
     _plots(main, fleet)
     _hosts(main, fleet)
+    _fabric(main, fleet)
     _host_details(main, fleet)
     return "<!DOCTYPE html>\n" + ET.tostring(html, encoding="unicode", method="html") + "\n"
 

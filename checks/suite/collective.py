@@ -9,6 +9,7 @@ from ..hw.base import HardwareError
 from ..model import Result, error, fail, passed, skip
 from ..registry import check
 from ..workloads import busbw, plan, rules
+from ..workloads import nccl_log as nccl_capture
 
 REMEDY_HANG = ("rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,COLL) to see where the "
                "named rank stops; check that GPU's xid-events, nvlink and pcie-link results and "
@@ -155,13 +156,23 @@ def nccl_allreduce(ctx: Context) -> Result:
             return skip(f"{nproc} ranks on {plat.devices} GPU(s): NCCL needs a GPU of its own "
                         f"for every rank (--nproc at most {plat.devices})")
     sweep = plan.setting(ctx, "collective.sweep", plat)
-    try:
-        m = ctx.hw.workload(
-            "collectives", nproc=nproc, sweep=sweep, backend="nccl" if plat.cuda else "gloo",
-            timeout_s=float(plan.setting(ctx, "collective.timeout_s", plat, 300)),
-            stall_s=float(plan.setting(ctx, "collective.stall_s", plat, 60)),
-            start_timeout_s=float(ctx.profile.get("collective.start_timeout_s", 120)),
-            workdir=ctx.options.workdir and f"{ctx.options.workdir}/collective")
-    except FileNotFoundError as exc:
-        return error(f"could not launch torchrun: {exc}")
-    return judge_collectives(m, busbw_threshold(ctx, nproc) if plat.cuda else None, plat.cuda)
+    extra: dict[str, Any] = {}
+    with nccl_capture.capture(ctx.options.workdir and f"{ctx.options.workdir}/collective",
+                              plat.cuda) as cap:
+        if plat.cuda:  # NCCL's INFO log says which transport each channel used (nccl-transport)
+            extra["env"] = nccl_capture.debug_env(ctx.profile)
+        try:
+            m = ctx.hw.workload(
+                "collectives", nproc=nproc, sweep=sweep, backend="nccl" if plat.cuda else "gloo",
+                timeout_s=float(plan.setting(ctx, "collective.timeout_s", plat, 300)),
+                stall_s=float(plan.setting(ctx, "collective.stall_s", plat, 60)),
+                start_timeout_s=float(ctx.profile.get("collective.start_timeout_s", 120)),
+                workdir=cap.workdir, **extra)
+        except FileNotFoundError as exc:
+            return error(f"could not launch torchrun: {exc}")
+        log = cap.parse(m, simulated=ctx.hw.simulated)
+    result = judge_collectives(m, busbw_threshold(ctx, nproc) if plat.cuda else None, plat.cuda)
+    if log is not None:
+        result.details["nccl_log"] = log.to_dict()
+        result.details["transports"] = log.kinds
+    return result

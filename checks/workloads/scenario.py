@@ -167,7 +167,8 @@ def _collectives(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any
             "leftover_pids": [], "orphans_killed": [], "ranks": {},
             "errors": list(raw.get("errors") or []), "ops": ops if not failure else {},
             "table": table if not failure else "", "check_iters": 20, "check_elems": 1 << 20,
-            "env": dict(raw.get("env") or {}), "command": "(scenario)", "log_tail": ""}
+            "env": dict(raw.get("env") or {}), "command": "(scenario)", "log_tail": "",
+            "nccl_log": raw.get("nccl_log")}  # NCCL INFO text, read by nccl-transport
 
 
 def _dataloader_workers(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:

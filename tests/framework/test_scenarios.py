@@ -109,7 +109,10 @@ def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
     assert st["pci-gpus"] == "SKIP" and st["ecc-errors"] == "SKIP"
     assert st["shm-size"] == "PASS" and st["os-supported"] == "PASS"
     reasons = {c["results"][0]["message"] for c in report["checks"] if c["status"] == "SKIP"}
-    assert reasons == {"no NVIDIA device on the PCI bus"}
+    # The fabric checks (issue 11) skip for their own reason: no RDMA device on this host.
+    from checks.suite.fabric import NO_RDMA
+
+    assert reasons == {"no NVIDIA device on the PCI bus", NO_RDMA}
 
 
 def test_cuda_visible_devices_limits_torch_view(run_cli, tmp_path) -> None:
