@@ -33,6 +33,7 @@ from . import cliutil, report
 from .model import CheckOutcome, Result, Status, error
 
 STAGES = ("collective", "ddp")
+DEFAULT_SLOW_PCT = 50.0  # keep equal to checks.fleet.crosshost.DEFAULT_SLOW_PCT
 EXIT_USAGE = 2
 
 
@@ -49,6 +50,17 @@ def _rank_view(ranks: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for r, v in ranks.items()}
 
 
+def rendezvous_view(log_tail: str, endpoint: str) -> str:
+    """'unreachable' when this host's agent could not connect to the rendezvous endpoint at all
+    (torch's c10d client logs 'failed to connect to any network address of (HOST, PORT)' or
+    'failed to connect/validate to host HOST:PORT' while it retries), else 'reached'. The
+    controller blames such a host before the ones that waited for it."""
+    host, _, port = endpoint.rpartition(":")
+    marks = (f"failed to connect to any network address of ({host}, {port})",
+             f"failed to connect/validate to host {host}:{port}")
+    return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
+
+
 def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
     from .suite.collective import judge_collectives
     from .workloads import collective
@@ -63,6 +75,9 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
                        local_addr=args.local_addr)
     result = judge_collectives(m, None, on_gpu)
     result.details["ranks"] = _rank_view(m.get("ranks") or {})
+    if not m.get("ok"):
+        result.details["rendezvous"] = rendezvous_view(m.get("log_tail") or "",
+                                                       args.rdzv_endpoint)
     if m.get("ok") and "figures" in result.details:
         peak = result.details["figures"].get("allreduce_busbw_gbs")
         result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
@@ -148,7 +163,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
 
     hosts = [h for h in args.hosts.split(",") if h]
     print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
-                          addresses=json.loads(args.addresses) if args.addresses else None)))
+                          addresses=json.loads(args.addresses) if args.addresses else None,
+                          min_busbw_gbs=args.min_busbw_gbs, slow_pct=args.slow_pct)))
     return 0
 
 
@@ -181,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--base-port", type=int, default=29400)
     pl.add_argument("--run-id", default="nodecert")
     pl.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
+    pl.add_argument("--min-busbw-gbs", type=float, metavar="GB/S",
+                    help="all-reduce busbw floor for every group (default: none; e.g. 80%% of "
+                         "the NICs' line rate in GB/s)")
+    pl.add_argument("--slow-pct", type=float, default=DEFAULT_SLOW_PCT, metavar="PCT",
+                    help="a group this many per cent below the best group is slow "
+                         f"(default {DEFAULT_SLOW_PCT:g})")
     return p
 
 
