@@ -61,6 +61,30 @@ def rendezvous_view(log_tail: str, endpoint: str) -> str:
     return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
 
 
+def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
+    """Which address this host's gloo/NCCL sockets would advertise, against the one it reaches the
+    rendezvous from. Without an interface named, both libraries take the address the hostname
+    resolves to; on a multi-homed node (or with Debian's `127.0.1.1 hostname` line) that is an
+    address the other hosts cannot reach, and the group fails naming this host."""
+    host, _, port = endpoint.rpartition(":")
+    view: dict[str, Any] = {"ifname": ifname}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            view["route_source"] = probe.getsockname()[0]
+    except (OSError, ValueError) as exc:
+        view["route_source"] = None
+        view["route_error"] = str(exc)
+    try:
+        view["hostname_addresses"] = sorted({str(a[4][0]) for a in socket.getaddrinfo(
+            socket.gethostname(), None, socket.AF_INET)})
+    except OSError:
+        view["hostname_addresses"] = []
+    view["mismatch"] = bool(not ifname and view["route_source"]
+                            and view["route_source"] not in view["hostname_addresses"])
+    return view
+
+
 def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
     from .suite.collective import judge_collectives
     from .workloads import collective
@@ -78,6 +102,7 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
     if not m.get("ok"):
         result.details["rendezvous"] = rendezvous_view(m.get("log_tail") or "",
                                                        args.rdzv_endpoint)
+        result.details["address"] = address_view(args.rdzv_endpoint, args.ifname)
     if m.get("ok") and "figures" in result.details:
         peak = result.details["figures"].get("allreduce_busbw_gbs")
         result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}

@@ -98,6 +98,7 @@ class GroupVerdict:
     reason: str = ""
     busbw_gbs: float | None = None  # the lowest all-reduce busbw its hosts measured
     slow: bool = False              # finished, but below the bandwidth rule
+    host_evidence: bool = False     # culprits named from their own state, not from the pairing
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "hosts": self.hosts, "ok": self.ok, "culprits": self.culprits,
@@ -132,6 +133,11 @@ def _rendezvous_unreachable(reports: dict[str, dict[str, Any]], hosts: list[str]
             if (r.get("details") or {}).get("rendezvous") == "unreachable"]
 
 
+def _misaddressed(reports: dict[str, dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
+    return {h: (r.get("details") or {})["address"] for h in hosts for r in _results(reports[h])
+            if ((r.get("details") or {}).get("address") or {}).get("mismatch")}
+
+
 def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> GroupVerdict:
     hosts = group["hosts"]
     missing = [h for h in hosts if h not in reports]
@@ -143,6 +149,13 @@ def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> G
               for h, rep in reports.items() if h in hosts}
     if not any(failed.values()):
         return GroupVerdict(group["id"], hosts, True, busbw_gbs=_busbw(reports, hosts))
+    misaddressed = _misaddressed(reports, hosts)
+    if misaddressed:
+        return GroupVerdict(group["id"], hosts, False, sorted(misaddressed), "; ".join(
+            f"{h}'s hostname resolves to {', '.join(v.get('hostname_addresses') or ['nothing'])}, "
+            f"not {v.get('route_source')} (the address it reaches the rendezvous from): gloo/NCCL "
+            "advertised an address the others cannot reach; set --ifname (nodecert_ifname)"
+            for h, v in sorted(misaddressed.items())), host_evidence=True)
     cut_off = _rendezvous_unreachable(reports, hosts)
     endpoint = group.get("endpoint", "")
     if cut_off and len(cut_off) == len(hosts) - 1 and hosts[0] not in cut_off and len(hosts) > 2:
@@ -192,11 +205,12 @@ def analyse(the_plan: dict[str, Any], node_reports: dict[str, dict[str, dict[str
     if analysis.mode == "pairs":
         ok_hosts = {h for v in verdicts if v.ok for h in v.hosts}
         for v in verdicts:
-            if v.ok:
+            if v.ok or v.host_evidence:
                 continue
             if all(h in ok_hosts for h in v.hosts):
                 analysis.bad_links.append(v.hosts)
         every_failed = {h for v in verdicts for h in v.hosts} - ok_hosts
+        every_failed |= {h for v in verdicts if v.host_evidence for h in v.culprits}
         analysis.suspects = sorted(every_failed)
         # Pairs know more than one group: blame the suspect in a group, or the link itself.
         for v in verdicts:

@@ -14,8 +14,10 @@ from checks.fleet import crosshost
 
 
 def report(status: str, busbw: float | None = None, rendezvous: str | None = None,
-           message: str = "m") -> dict[str, Any]:
+           message: str = "m", address: dict[str, Any] | None = None) -> dict[str, Any]:
     details: dict[str, Any] = {"ranks": {}}
+    if address:
+        details["address"] = address
     if busbw is not None:
         details["figures"] = {"xhost_allreduce_busbw_gbs": busbw}
     if rendezvous:
@@ -138,3 +140,25 @@ def test_plan_cli_takes_the_rule(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out)["busbw_rule"]["min_busbw_gbs"] == 12.5
     assert node_cli.main(["plan", "--hosts", "a,b", "--slow-pct", "120"]) == 2
     assert "slow_pct" in capsys.readouterr().err
+
+
+def test_host_advertising_an_unreachable_address_is_named_even_if_it_passed_elsewhere() -> None:
+    """Multi-homed h1: its pair as rank 1 worked, its pair as leader did not; the address it
+    advertised (hostname) is not the one it routes from, so it is the suspect, not a link."""
+    p = crosshost.plan(["a", "b", "c", "d"], "pairs")
+    bad = {"mismatch": True, "route_source": "10.1.0.12", "hostname_addresses": ["10.9.0.12"]}
+    ok = report("PASS", 5.0)
+    nodes = {"r0g0": {"a": ok, "b": ok}, "r0g1": {"c": ok, "d": ok},
+             "r1g0": {"b": report("FAIL", address=bad), "c": report("FAIL")},
+             "r1g1": {"d": ok, "a": ok}}
+    a = crosshost.analyse(p, nodes)
+    assert a.suspects == ["b"] and a.bad_links == []
+    g = next(g for g in a.groups if g.id == "r1g0")
+    assert g.culprits == ["b"] and "--ifname" in g.reason and "10.9.0.12" in g.reason
+
+
+def test_address_view_compares_hostname_with_the_route() -> None:
+    view = node_cli.address_view("127.0.0.1:29400", None)
+    assert view["route_source"] == "127.0.0.1"
+    assert view["mismatch"] == ("127.0.0.1" not in view["hostname_addresses"])
+    assert node_cli.address_view("127.0.0.1:29400", "lo")["mismatch"] is False
