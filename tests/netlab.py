@@ -14,6 +14,7 @@ namespaces and links.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -87,10 +88,8 @@ class NetLab:
     def stop(self) -> None:
         for ns in self.namespaces:
             for pid in self.pids(ns):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 5
         while any(self.pids(ns) for ns in self.namespaces) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -133,6 +133,7 @@ def test_check_mode_on_a_fresh_root_changes_nothing(e2e_ready, workdir, debian12
     after = rootfs.tree_digest(root, exclude=ANSIBLE_WORKDIR)
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
     assert changed == [], f"check mode changed the root: {changed[:20]}"
+    assert "a real run installs rdma-core, ibverbs-utils, infiniband-diags, perftest" in result.output
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -24,13 +24,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importlib mode: tests/ for netlab
 
-from netlab import NetLab, missing_tools  # noqa: E402
+from netlab import NetLab, missing_tools
 
-from checks.fleet import cli as fleet_cli  # noqa: E402
-from checks.fleet import crosshost  # noqa: E402
+from checks.fleet import cli as fleet_cli
+from checks.fleet import crosshost
 
 ROOT = Path(__file__).resolve().parents[2]
-JOIN_TIMEOUT, STALL, TIMEOUT = 20, 10, 90
+# Joining includes torch's start-up in torchrun and in the rank: with four nodes starting at once
+# on a shared 2-core machine (load ~10), 20 s was not always enough for healthy hosts.
+JOIN_TIMEOUT, STALL, TIMEOUT = 45, 15, 90
 # What a node may take at most: the join timeout, the stage's hard limit, torch's start-up on a
 # loaded 2-core machine. A node still running past it is a hang, and the test says so.
 NODE_LIMIT = JOIN_TIMEOUT + TIMEOUT + 60
