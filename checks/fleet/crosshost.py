@@ -67,10 +67,10 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
             layouts.append(shifted)
     else:
         raise ValueError(f"unknown mode {mode!r} (all, pairs)")
-    rounds = []
+    rounds: list[list[dict[str, Any]]] = []
     port = base_port
     for r, layout in enumerate(layouts):
-        groups = []
+        groups: list[dict[str, Any]] = []
         for g, members in enumerate(layout):
             leader = members[0]
             groups.append({"id": f"r{r}g{g}", "hosts": members, "port": port,
@@ -226,7 +226,8 @@ def _apply_busbw_rule(verdicts: list[GroupVerdict], rule: dict[str, Any]) -> Non
     floor = rule.get("min_busbw_gbs")
     pct = float(rule.get("slow_pct") or DEFAULT_SLOW_PCT)
     measured = [v for v in verdicts if v.ok and v.busbw_gbs is not None]
-    best = max((v.busbw_gbs for v in measured), default=None) if len(measured) > 1 else None
+    figures = [v.busbw_gbs for v in measured if v.busbw_gbs is not None]
+    best = max(figures) if len(figures) > 1 else None
     for v in measured:
         assert v.busbw_gbs is not None
         why = []
