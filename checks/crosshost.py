@@ -121,6 +121,10 @@ def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
         details["figures"] = {f"xhost_{k}": v for k, v in job.figures.items()}
     status = {"PASS": Status.PASS, "FAIL": Status.FAIL, "SKIP": Status.SKIP}.get(job.status,
                                                                                 Status.ERROR)
+    if status is not Status.PASS and status is not Status.SKIP:
+        details["rendezvous"] = rendezvous_view(str(details.get("log_tail") or ""),
+                                                args.rdzv_endpoint)
+        details["address"] = address_view(args.rdzv_endpoint, args.ifname)
     phases = details.get("phases") or {}
     if phases:
         details["ranks"] = {str(r): {"phase": p} for r, p in phases.items()}
