@@ -4,7 +4,7 @@ Each host is a network namespace with one veth leg ("data0") on a bridge in this
 bridge itself has no address, so the hosts reach each other and nothing else (no route out, no
 address of this machine). A host runs commands with its own hostname and its own /etc/hosts
 (UTS and mount namespaces, as tests/fleet/slurmcluster.py does), so name resolution behaves as
-on a cluster. Faults are real kernel state: `tc` rate limits (tbf), a link set down, a blackhole
+on a cluster; its /etc/resolv.conf points at its own loopback, so no DNS query leaves the lab. Faults are real kernel state: `tc` rate limits (tbf), a link set down, a blackhole
 route, a second interface that the hostname resolves to but that reaches no one.
 
 Names carry the pid and a counter, subnets are 10.243-252.x.0/24 (slurmcluster uses 213-242),
@@ -118,8 +118,9 @@ class NetLab:
 
     def command(self, host: str, *cmd: str) -> list[str]:
         """A command line that runs on the host: its network, its hostname, its /etc/hosts."""
-        script = (f'mount --bind {self.base / "hosts"} /etc/hosts && hostname {host} && '
-                  'exec "$@"')
+        script = (f'mount --bind {self.base / "hosts"} /etc/hosts && '
+                  f'mount --bind {self.base / "resolv.conf"} /etc/resolv.conf && '
+                  f'hostname {host} && exec "$@"')
         return ["nsenter", f"--net=/run/netns/{self.netns(host)}", "unshare", "--uts", "--mount",
                 "--propagation", "private", "sh", "-c", script, "sh", *cmd]
 
@@ -130,6 +131,10 @@ class NetLab:
     def write_hosts(self) -> None:
         lines = ["127.0.0.1 localhost"] + [f"{a} {h}" for h, a in self.resolve.items()]
         (self.base / "hosts").write_text("\n".join(lines) + "\n")
+        # Names resolve from the hosts file only: a lookup it cannot answer fails at once on the
+        # host's own loopback instead of waiting on this machine's nameserver (which a host with
+        # a default route would otherwise query, out of the lab).
+        (self.base / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     # -- faults ------------------------------------------------------------------------------
     def rate_limit(self, host: str, rate: str = "20mbit", peer: str | None = None) -> None:
