@@ -61,11 +61,25 @@ def rendezvous_view(log_tail: str, endpoint: str) -> str:
     return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
 
 
+def _interface_address(ifname: str) -> str | None:
+    """IPv4 address of a network interface (SIOCGIFADDR), None when it has none or is absent."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
 def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
     """Which address this host's gloo/NCCL sockets would advertise, against the one it reaches the
-    rendezvous from. Without an interface named, both libraries take the address the hostname
-    resolves to; on a multi-homed node (or with Debian's `127.0.1.1 hostname` line) that is an
-    address the other hosts cannot reach, and the group fails naming this host."""
+    rendezvous from: with --ifname, that interface's address; without, the address the hostname
+    resolves to (what NCCL and gloo fall back to; on a multi-homed node, or with Debian's
+    `127.0.1.1 hostname` line, an address the other hosts may not reach). A mismatch on a failed
+    stage names this host."""
     host, _, port = endpoint.rpartition(":")
     view: dict[str, Any] = {"ifname": ifname}
     try:
@@ -80,8 +94,12 @@ def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
             socket.gethostname(), None, socket.AF_INET)})
     except OSError:
         view["hostname_addresses"] = []
-    view["mismatch"] = bool(not ifname and view["route_source"]
-                            and view["route_source"] not in view["hostname_addresses"])
+    if ifname:
+        view["ifname_address"] = _interface_address(ifname)
+        advertised = [view["ifname_address"]] if view["ifname_address"] else []
+    else:
+        advertised = view["hostname_addresses"]
+    view["mismatch"] = bool(view["route_source"] and view["route_source"] not in advertised)
     return view
 
 

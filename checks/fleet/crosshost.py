@@ -138,6 +138,18 @@ def _misaddressed(reports: dict[str, dict[str, Any]], hosts: list[str]) -> dict[
             if ((r.get("details") or {}).get("address") or {}).get("mismatch")}
 
 
+def _misaddressed_reason(host: str, view: dict[str, Any]) -> str:
+    if view.get("ifname"):
+        where = (f"--ifname {view['ifname']} has address {view.get('ifname_address') or 'none'}")
+        fix = "name the interface that reaches the other hosts"
+    else:
+        where = ("its hostname resolves to "
+                 + (", ".join(view.get("hostname_addresses") or []) or "nothing"))
+        fix = "set --ifname (nodecert_ifname) or fix the hostname's address"
+    return (f"{host}: {where}, but it reaches the rendezvous from {view.get('route_source')}: "
+            f"gloo/NCCL sockets used an address the others cannot reach; {fix}")
+
+
 def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> GroupVerdict:
     hosts = group["hosts"]
     missing = [h for h in hosts if h not in reports]
@@ -152,10 +164,8 @@ def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> G
     misaddressed = _misaddressed(reports, hosts)
     if misaddressed:
         return GroupVerdict(group["id"], hosts, False, sorted(misaddressed), "; ".join(
-            f"{h}'s hostname resolves to {', '.join(v.get('hostname_addresses') or ['nothing'])}, "
-            f"not {v.get('route_source')} (the address it reaches the rendezvous from): gloo/NCCL "
-            "advertised an address the others cannot reach; set --ifname (nodecert_ifname)"
-            for h, v in sorted(misaddressed.items())), host_evidence=True)
+            _misaddressed_reason(h, v) for h, v in sorted(misaddressed.items())),
+            host_evidence=True)
     cut_off = _rendezvous_unreachable(reports, hosts)
     endpoint = group.get("endpoint", "")
     if cut_off and len(cut_off) == len(hosts) - 1 and hosts[0] not in cut_off and len(hosts) > 2:
