@@ -188,23 +188,23 @@ def test_blackholed_rendezvous_names_the_host_in_all_mode(lab: NetLab, tmp_path:
     assert max(run.seconds.values()) < NODE_LIMIT
 
 
-def test_multihomed_leader_and_the_interface_option(lab: NetLab, tmp_path: Path) -> None:
+def test_multihomed_leader_hosts_the_rendezvous(lab: NetLab, tmp_path: Path) -> None:
     """h1 has a second interface, mgmt0: its default route, on a bridge of its own (it reaches no
     other host), and h1's hostname resolves to it. h1 leads the group (the rendezvous is at its
     data0 address). torchrun guesses from the hostname whether to host the rendezvous and guessed
-    wrong here (every node waited out its join timeout) until checks.dist.launch told it; gloo
-    (torch 2.13) then finds the working address by itself. --ifname steers the sockets: data0
-    passes, mgmt0 fails and h1 is named with the reason."""
+    wrong here (before checks.dist.launch passed is_host, every node waited out its join
+    timeout). The group passes without --ifname and with --ifname data0.
+
+    Not asserted: a failure named without --ifname, or with --ifname mgmt0. gloo (torch 2.13)
+    completed in this lab in both cases, so neither failure could be produced here (see
+    docs/multinode.md)."""
     lab.add_dead_interface("h1")
     order = ["h1", "h0", "h2", "h3"]  # h1 first: the leader
     plain = run_stage(lab, tmp_path / "default", "all", order=order)
     assert set(plain.statuses.values()) == {"PASS"}, plain.analysis
     good = run_stage(lab, tmp_path / "data0", "all", ifname={"h1": "data0"}, order=order)
     assert set(good.statuses.values()) == {"PASS"}, good.messages
-    bad = run_stage(lab, tmp_path / "mgmt0", "all", ifname={"h1": "mgmt0"}, order=order)
-    (group,) = bad.analysis["groups"]
-    assert group["culprits"] == ["h1"] and "--ifname mgmt0" in group["reason"], bad.analysis
-    assert bad.statuses["h1"] == "FAIL" and bad.fleet_exit == 1, bad.messages
+    assert max(plain.seconds.values()) < JOIN_TIMEOUT + TIMEOUT
 
 
 def test_busbw_floor_fails_a_slow_all_mode_group(lab: NetLab, tmp_path: Path) -> None:
