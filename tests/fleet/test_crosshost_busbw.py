@@ -162,3 +162,32 @@ def test_address_view_compares_hostname_with_the_route() -> None:
     assert view["route_source"] == "127.0.0.1"
     assert view["mismatch"] == ("127.0.0.1" not in view["hostname_addresses"])
     assert node_cli.address_view("127.0.0.1:29400", "lo")["mismatch"] is False
+
+
+def _own_address() -> str | None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.254", 9))  # UDP: picks a route, sends nothing
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
+
+
+def test_leader_is_told_to_host_the_rendezvous_only_on_its_own_address() -> None:
+    from checks.dist import launch
+
+    def conf(endpoint: str) -> str:
+        cmd = launch.torchrun_command("m", [], nproc=1, nnodes=2, rdzv_endpoint=endpoint,
+                                      rdzv_id="x", node_rank=0)
+        return next(a for a in cmd if a.startswith("--rdzv-conf="))
+
+    # Loopback: several "hosts" on one machine; torchrun keeps its own guess and fallback.
+    assert conf("127.0.0.1:29400") == "--rdzv-conf=join_timeout=60"
+    assert conf("192.0.2.1:29400") == "--rdzv-conf=join_timeout=60"  # TEST-NET-1, not ours
+    assert conf("no-such-host.invalid:29400") == "--rdzv-conf=join_timeout=60"
+    own = _own_address()
+    if own is None or own.startswith("127."):
+        pytest.skip("this machine has no routable address to test with")
+    assert conf(f"{own}:29400") == "--rdzv-conf=join_timeout=60,is_host=1"
