@@ -35,6 +35,7 @@ from .model import CheckOutcome, Result, Status, error
 from .workloads import nccl_log
 
 STAGES = ("collective", "ddp")
+DEFAULT_SLOW_PCT = 50.0  # keep equal to checks.fleet.crosshost.DEFAULT_SLOW_PCT
 EXIT_USAGE = 2
 
 
@@ -49,6 +50,59 @@ def _rank_view(ranks: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """What the controller needs to compare nodes: per global rank, progress and fate."""
     return {str(r): {k: v.get(k) for k in ("state", "phase", "seq", "exitcode", "error", "host")}
             for r, v in ranks.items()}
+
+
+def rendezvous_view(log_tail: str, endpoint: str) -> str:
+    """'unreachable' when this host's agent could not connect to the rendezvous endpoint at all
+    (torch's c10d client logs 'failed to connect to any network address of (HOST, PORT)' or
+    'failed to connect/validate to host HOST:PORT' while it retries), else 'reached'. The
+    controller blames such a host before the ones that waited for it."""
+    host, _, port = endpoint.rpartition(":")
+    marks = (f"failed to connect to any network address of ({host}, {port})",
+             f"failed to connect/validate to host {host}:{port}")
+    return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
+
+
+def _interface_address(ifname: str) -> str | None:
+    """IPv4 address of a network interface (SIOCGIFADDR), None when it has none or is absent."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
+    """Which address this host's gloo/NCCL sockets would advertise, against the one it reaches the
+    rendezvous from: with --ifname, that interface's address; without, the address the hostname
+    resolves to (what NCCL and gloo fall back to; on a multi-homed node, or with Debian's
+    `127.0.1.1 hostname` line, an address the other hosts may not reach). A mismatch on a failed
+    stage names this host."""
+    host, _, port = endpoint.rpartition(":")
+    view: dict[str, Any] = {"ifname": ifname}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            view["route_source"] = probe.getsockname()[0]
+    except (OSError, ValueError) as exc:
+        view["route_source"] = None
+        view["route_error"] = str(exc)
+    try:
+        view["hostname_addresses"] = sorted({str(a[4][0]) for a in socket.getaddrinfo(
+            socket.gethostname(), None, socket.AF_INET)})
+    except OSError:
+        view["hostname_addresses"] = []
+    if ifname:
+        view["ifname_address"] = _interface_address(ifname)
+        advertised = [view["ifname_address"]] if view["ifname_address"] else []
+    else:
+        advertised = view["hostname_addresses"]
+    view["mismatch"] = bool(view["route_source"] and view["route_source"] not in advertised)
+    return view
 
 
 def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
@@ -73,6 +127,10 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
     result.details["ranks"] = _rank_view(m.get("ranks") or {})
     if log is not None and m.get("ok"):
         result = transport_verdict(result, log, _rdma_ports_up())
+    if not m.get("ok"):
+        result.details["rendezvous"] = rendezvous_view(m.get("log_tail") or "",
+                                                       args.rdzv_endpoint)
+        result.details["address"] = address_view(args.rdzv_endpoint, args.ifname)
     if m.get("ok") and "figures" in result.details:
         peak = result.details["figures"].get("allreduce_busbw_gbs")
         result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
@@ -121,6 +179,10 @@ def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
         details["figures"] = {f"xhost_{k}": v for k, v in job.figures.items()}
     status = {"PASS": Status.PASS, "FAIL": Status.FAIL, "SKIP": Status.SKIP}.get(job.status,
                                                                                 Status.ERROR)
+    if status is not Status.PASS and status is not Status.SKIP:
+        details["rendezvous"] = rendezvous_view(str(details.get("log_tail") or ""),
+                                                args.rdzv_endpoint)
+        details["address"] = address_view(args.rdzv_endpoint, args.ifname)
     phases = details.get("phases") or {}
     if phases:
         details["ranks"] = {str(r): {"phase": p} for r, p in phases.items()}
@@ -188,7 +250,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
 
     hosts = [h for h in args.hosts.split(",") if h]
     print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
-                          addresses=json.loads(args.addresses) if args.addresses else None)))
+                          addresses=json.loads(args.addresses) if args.addresses else None,
+                          min_busbw_gbs=args.min_busbw_gbs, slow_pct=args.slow_pct)))
     return 0
 
 
@@ -221,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--base-port", type=int, default=29400)
     pl.add_argument("--run-id", default="nodecert")
     pl.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
+    pl.add_argument("--min-busbw-gbs", type=float, metavar="GB/S",
+                    help="all-reduce busbw floor for every group (default: none; e.g. 80%% of "
+                         "the NICs' line rate in GB/s)")
+    pl.add_argument("--slow-pct", type=float, default=DEFAULT_SLOW_PCT, metavar="PCT",
+                    help="a group this many per cent below the best group is slow "
+                         f"(default {DEFAULT_SLOW_PCT:g})")
     return p
 
 

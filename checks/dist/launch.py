@@ -102,6 +102,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _endpoint_is_local(endpoint: str) -> bool:
+    """True when the rendezvous address is one of this machine's own non-loopback addresses.
+    torchrun's c10d backend guesses whether to host the rendezvous store from what the hostname
+    resolves to; on a multi-homed leader whose hostname names another interface it guesses
+    wrong, nobody hosts the store and every node waits until its join timeout."""
+    import ipaddress
+
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        if ipaddress.ip_address(sockaddr[0]).is_loopback:
+            continue  # several "hosts" on one machine: let torchrun fall back to being a client
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((sockaddr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
 def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 1,
                      rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
                      node_rank: int | None = None, local_addr: str | None = None,
@@ -117,7 +141,8 @@ def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 
             raise ValueError("a multi-node launch needs rdzv_endpoint HOST:PORT")
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id={rdzv_id or 'nodecert'}",
-                f"--rdzv-conf=join_timeout={int(join_timeout_s)}"]
+                f"--rdzv-conf=join_timeout={int(join_timeout_s)}"
+                + (",is_host=1" if _endpoint_is_local(rdzv_endpoint) else "")]
         if node_rank is not None:
             cmd.append(f"--node-rank={node_rank}")
         if local_addr:

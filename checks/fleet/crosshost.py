@@ -5,7 +5,14 @@ shifted by one, so each host meets two partners: a host whose every pair fails w
 partners pass elsewhere is the suspect; a pair that fails while both hosts pass elsewhere is a
 bad link. Inside a failed group the culprit is the host that never reported (did not join or
 unreachable), else the one whose ranks made the least progress (a hang), else the one whose rank
-crashed on its own (peers that lost it are not blamed).
+crashed on its own (peers that lost it are not blamed); a host whose agent could not reach the
+rendezvous at all is named before the hosts that waited for it.
+
+Bandwidth: a group that finished is still slow when its all-reduce busbw (the lowest its hosts
+measured) is below the plan's floor (`min_busbw_gbs`, from `plan --min-busbw-gbs`), or more than
+`slow_pct` per cent below the best group of the run. In one group the ring runs at its slowest
+link, so only pairs mode can tell the slow host (every pair with it is slow) from a slow link
+(one pair slow, both hosts fast with their other partner); in `all` mode the floor fails the group.
 
 Node reports live in reports/<run-id>/crosshost/<group>/<host>.json; `merge` folds each host's
 results into reports/<run-id>/<host>.json (victims of another host's fault become WARN naming the
@@ -22,6 +29,10 @@ from typing import Any
 from ..dist.launch import PEER_LOSS
 
 XHOST_IDS = ("xhost-collective", "xhost-ddp")
+BUSBW_FIGURE = "xhost_allreduce_busbw_gbs"
+# Pairs of one fabric should measure alike; at less than half of the best pair a link is broken
+# (a port at a lower rate, a flapping link, traffic on the wrong interface), not noisy.
+DEFAULT_SLOW_PCT = 50.0
 
 
 def _groups(hosts: list[str], shift: int) -> list[list[str]]:
@@ -33,9 +44,15 @@ def _groups(hosts: list[str], shift: int) -> list[list[str]]:
 
 
 def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: str = "nodecert",
-         addresses: dict[str, str] | None = None) -> dict[str, Any]:
+         addresses: dict[str, str] | None = None, min_busbw_gbs: float | None = None,
+         slow_pct: float = DEFAULT_SLOW_PCT) -> dict[str, Any]:
     """Rounds of groups; each group has its leader (first host: rendezvous endpoint), port and id.
-    Groups of a round get distinct ports, so several can share one machine in tests."""
+    Groups of a round get distinct ports, so several can share one machine in tests. The
+    bandwidth rule travels with the plan, so the merge judges by what was planned."""
+    if min_busbw_gbs is not None and min_busbw_gbs <= 0:
+        raise ValueError(f"min_busbw_gbs must be > 0 (got {min_busbw_gbs:g})")
+    if not 0 < slow_pct < 100:
+        raise ValueError(f"slow_pct must be between 0 and 100 (got {slow_pct:g})")
     if len(hosts) < 2:
         return {"mode": mode, "rounds": [], "reason": "fewer than 2 hosts: nothing to pair"}
     if len(set(hosts)) != len(hosts):
@@ -50,10 +67,10 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
             layouts.append(shifted)
     else:
         raise ValueError(f"unknown mode {mode!r} (all, pairs)")
-    rounds = []
+    rounds: list[list[dict[str, Any]]] = []
     port = base_port
     for r, layout in enumerate(layouts):
-        groups = []
+        groups: list[dict[str, Any]] = []
         for g, members in enumerate(layout):
             leader = members[0]
             groups.append({"id": f"r{r}g{g}", "hosts": members, "port": port,
@@ -68,7 +85,8 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
                 by_host[host].append({"group": group["id"], "nnodes": len(group["hosts"]),
                                       "node_rank": rank, "endpoint": group["endpoint"],
                                       "rdzv_id": group["rdzv_id"]})
-    return {"mode": mode, "rounds": rounds, "hosts": by_host}
+    return {"mode": mode, "rounds": rounds, "hosts": by_host,
+            "busbw_rule": {"min_busbw_gbs": min_busbw_gbs, "slow_pct": slow_pct}}
 
 
 @dataclass
@@ -78,10 +96,13 @@ class GroupVerdict:
     ok: bool
     culprits: list[str] = field(default_factory=list)
     reason: str = ""
+    busbw_gbs: float | None = None  # the lowest all-reduce busbw its hosts measured
+    slow: bool = False              # finished, but below the bandwidth rule
+    host_evidence: bool = False     # culprits named from their own state, not from the pairing
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "hosts": self.hosts, "ok": self.ok, "culprits": self.culprits,
-                "reason": self.reason}
+                "reason": self.reason, "busbw_gbs": self.busbw_gbs, "slow": self.slow}
 
 
 @dataclass
@@ -100,6 +121,35 @@ def _results(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for c in report.get("checks", []) if c["id"] in XHOST_IDS for r in c["results"]]
 
 
+def _busbw(reports: dict[str, dict[str, Any]], hosts: list[str]) -> float | None:
+    seen = [float(f) for h in hosts for c in reports[h].get("checks", [])
+            if c["id"] == "xhost-collective" for r in c["results"]
+            if (f := ((r.get("details") or {}).get("figures") or {}).get(BUSBW_FIGURE)) is not None]
+    return min(seen) if len(seen) == len(hosts) else None
+
+
+def _rendezvous_unreachable(reports: dict[str, dict[str, Any]], hosts: list[str]) -> list[str]:
+    return [h for h in hosts for r in _results(reports[h])
+            if (r.get("details") or {}).get("rendezvous") == "unreachable"]
+
+
+def _misaddressed(reports: dict[str, dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
+    return {h: (r.get("details") or {})["address"] for h in hosts for r in _results(reports[h])
+            if ((r.get("details") or {}).get("address") or {}).get("mismatch")}
+
+
+def _misaddressed_reason(host: str, view: dict[str, Any]) -> str:
+    if view.get("ifname"):
+        where = (f"--ifname {view['ifname']} has address {view.get('ifname_address') or 'none'}")
+        fix = "name the interface that reaches the other hosts"
+    else:
+        where = ("its hostname resolves to "
+                 + (", ".join(view.get("hostname_addresses") or []) or "nothing"))
+        fix = "set --ifname (nodecert_ifname) or fix the hostname's address"
+    return (f"{host}: {where}, but it reaches the rendezvous from {view.get('route_source')}: "
+            f"gloo/NCCL sockets used an address the others cannot reach; {fix}")
+
+
 def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> GroupVerdict:
     hosts = group["hosts"]
     missing = [h for h in hosts if h not in reports]
@@ -110,7 +160,25 @@ def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> G
     failed = {h: [r for r in _results(rep) if r["status"] in ("FAIL", "ERROR")]
               for h, rep in reports.items() if h in hosts}
     if not any(failed.values()):
-        return GroupVerdict(group["id"], hosts, True)
+        return GroupVerdict(group["id"], hosts, True, busbw_gbs=_busbw(reports, hosts))
+    misaddressed = _misaddressed(reports, hosts)
+    if misaddressed:
+        return GroupVerdict(group["id"], hosts, False, sorted(misaddressed), "; ".join(
+            _misaddressed_reason(h, v) for h, v in sorted(misaddressed.items())),
+            host_evidence=True)
+    cut_off = _rendezvous_unreachable(reports, hosts)
+    endpoint = group.get("endpoint", "")
+    if cut_off and len(cut_off) == len(hosts) - 1 and hosts[0] not in cut_off and len(hosts) > 2:
+        return GroupVerdict(group["id"], hosts, False, [hosts[0]],
+                            f"no other host could reach the rendezvous endpoint {endpoint} on "
+                            f"{hosts[0]}")
+    if cut_off and len(cut_off) < len(hosts):
+        named = sorted(cut_off) + ([hosts[0]] if len(hosts) == 2 else [])
+        return GroupVerdict(group["id"], hosts, False, named,
+                            f"{', '.join(sorted(cut_off))} could not reach the rendezvous "
+                            f"endpoint {endpoint} on {hosts[0]}"
+                            + ("; with two hosts either end may be at fault" if len(hosts) == 2
+                               else "; the others waited for it"))
     ranks: dict[str, dict[str, Any]] = {}  # global rank -> state, with the host that reported it
     for host in hosts:
         for result in failed[host]:
@@ -142,19 +210,44 @@ def analyse(the_plan: dict[str, Any], node_reports: dict[str, dict[str, dict[str
     """`node_reports[group_id][host]` = that host's cross-host report for the group."""
     verdicts = [_judge_group(g, node_reports.get(g["id"], {}))
                 for groups in the_plan.get("rounds", []) for g in groups]
+    _apply_busbw_rule(verdicts, the_plan.get("busbw_rule") or {})
     analysis = Analysis(the_plan.get("mode", "all"), verdicts)
     if analysis.mode == "pairs":
         ok_hosts = {h for v in verdicts if v.ok for h in v.hosts}
         for v in verdicts:
-            if v.ok:
+            if v.ok or v.host_evidence:
                 continue
             if all(h in ok_hosts for h in v.hosts):
                 analysis.bad_links.append(v.hosts)
         every_failed = {h for v in verdicts for h in v.hosts} - ok_hosts
+        every_failed |= {h for v in verdicts if v.host_evidence for h in v.culprits}
         analysis.suspects = sorted(every_failed)
+        # Pairs know more than one group: blame the suspect in a group, or the link itself.
+        for v in verdicts:
+            if not v.ok:
+                named = [h for h in v.hosts if h in every_failed]
+                v.culprits = named or (list(v.hosts) if v.slow or not v.culprits else v.culprits)
     else:
         analysis.suspects = sorted({c for v in verdicts if not v.ok for c in v.culprits})
     return analysis
+
+
+def _apply_busbw_rule(verdicts: list[GroupVerdict], rule: dict[str, Any]) -> None:
+    floor = rule.get("min_busbw_gbs")
+    pct = float(rule.get("slow_pct") or DEFAULT_SLOW_PCT)
+    measured = [v for v in verdicts if v.ok and v.busbw_gbs is not None]
+    figures = [v.busbw_gbs for v in measured if v.busbw_gbs is not None]
+    best = max(figures) if len(figures) > 1 else None
+    for v in measured:
+        assert v.busbw_gbs is not None
+        why = []
+        if floor is not None and v.busbw_gbs < float(floor):
+            why.append(f"below the floor of {float(floor):g} GB/s")
+        if best and v.busbw_gbs < best * (1 - pct / 100):
+            why.append(f"more than {pct:g} % below the best group ({best:.3g} GB/s)")
+        if why:
+            v.ok, v.slow, v.culprits = False, True, list(v.hosts)
+            v.reason = f"all-reduce busbw {v.busbw_gbs:.3g} GB/s, {' and '.join(why)}"
 
 
 def load_node_reports(crosshost_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
@@ -205,11 +298,21 @@ def _attribute(chk: dict[str, Any], host: str, verdict: GroupVerdict | None) -> 
     group = (chk["results"][0].get("details") or {}).get("group")
     for result in chk["results"]:
         result["details"]["group_verdict"] = verdict.to_dict() if verdict else None
-        if (verdict and not verdict.ok and host not in verdict.culprits
-                and result["status"] in ("FAIL", "ERROR")):
+        if not verdict or verdict.ok:
+            continue
+        slow_pass = verdict.slow and result["status"] == "PASS" and chk["id"] == "xhost-collective"
+        if host not in verdict.culprits and (result["status"] in ("FAIL", "ERROR") or slow_pass):
             result["status"] = "WARN"
             result["message"] = (f"group {group} failed because of {', '.join(verdict.culprits)}"
                                  f" ({verdict.reason}); this host's own view: {result['message']}")
+        elif slow_pass:
+            others = [h for h in verdict.hosts if h != host]
+            result["status"], result["fault_code"] = "FAIL", chk.get("code", "XHOST001")
+            result["message"] = (f"too slow across hosts in group {group} with "
+                                 f"{', '.join(others)}: {verdict.reason}")
+            result["remedy"] = ("compare this host's link with the others: port rate and errors "
+                                "(ethtool, ibstat), NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, "
+                                "traffic shaping, and the switch port")
     order = {"SKIP": 0, "PASS": 1, "WARN": 2, "ERROR": 3, "FAIL": 4}
     chk["status"] = max((r["status"] for r in chk["results"]), key=order.__getitem__)
     return chk
