@@ -18,16 +18,17 @@ def cuda_devices() -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `make test` runs two xdist workers with --dist loadgroup: each suite directory is one group,
-    # so a suite's expensive session fixtures (debootstrapped roots, the shared acceptance
-    # launch, a Slurm cluster) are built once, and the slow e2e suite runs beside the others.
+    # `make test` runs two xdist workers with --dist loadgroup: a test file is one group (its
+    # module fixtures: the shared acceptance launch, a Slurm cluster, are built once), and the
+    # whole e2e suite is one group (debootstrapped roots, the stand-in repository), which runs
+    # on one worker while the other works through the rest.
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         try:
-            suite = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts[0]
+            parts = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts
         except ValueError:
             continue
-        item.add_marker(pytest.mark.xdist_group(suite))
+        item.add_marker(pytest.mark.xdist_group("e2e" if parts[0] == "e2e" else "/".join(parts)))
     if cuda_devices():
         return
     reason = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
