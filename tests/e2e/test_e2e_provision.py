@@ -282,3 +282,26 @@ def test_fleet_verify_names_every_fault_and_still_reports(cluster, chroot_wrappe
     for output in ("fleet.html", "fleet.xml", "prometheus/nodecert-fleet.prom"):
         assert (run / "meta" / output).stat().st_size > 0
     assert result.rc != 0 and "Fleet verdict FAIL" in result.output
+
+
+def test_crosshost_pairs_needs_a_fork_per_host(cluster, ansible_home, workdir):
+    """The cross-host command runs synchronously: with fewer forks than hosts a started host can
+    wait for a partner that never starts, in pairs mode too, so verify.yml refuses up front."""
+    result = runner.run_playbook(
+        "verify.yml",
+        cluster.inventory,
+        ansible_home("pairs-forks"),
+        "-e",
+        "verify_crosshost=pairs",
+        "-e",
+        "verify_python=/bin/true",  # no checks: only the cross-host planning matters here
+        "-e",
+        "verify_run_id=pairs-forks",
+        "-e",
+        f"verify_reports_dir={workdir / 'pairs-forks'}",
+        forks=2,
+    )
+    assert result.rc != 0, result
+    assert "runs 4 hosts per round (mode pairs)" in result.output, result
+    assert "raise the fork count (-f 4)" in result.output
+    assert not (workdir / "pairs-forks" / "pairs-forks" / "crosshost" / "analysis.json").exists()
