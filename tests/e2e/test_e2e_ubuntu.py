@@ -169,7 +169,7 @@ def test_profile_modprobe_unattended_upgrades_and_persistence(ubuntu, host):
     profile = (root / "etc/profile.d/cuda.sh").read_text()
     assert "CUDA_HOME=/usr/local/cuda-12.8" in profile and "${CUDA_HOME}/lib64" in profile
     login = runner.in_root(root, "bash", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
-    assert "release 12.8," in login and "LD=/usr/local/cuda-12.8/lib64" in login
+    assert "release 12.8," in login and "\nLD=\n" in login, login  # never LD_LIBRARY_PATH
     blacklist = (root / "etc/modprobe.d/nodecert-blacklist-nouveau.conf").read_text()
     assert "blacklist nouveau" in blacklist and "options nouveau modeset=0" in blacklist
     unattended = (root / "etc/apt/apt.conf.d/51nodecert-nvidia-blacklist").read_text()
