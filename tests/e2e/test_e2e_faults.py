@@ -60,7 +60,16 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
     inventory = runner.write_inventory(workdir / "faults.yml", roots, chroot_wrapper, base_vars, host_vars)
     holder = runner.hold_dpkg_lock(roots["apt-locked"])
     try:
-        result = runner.run_playbook("provision.yml", inventory, ansible_home("faults"), forks=len(names))
+        # Each fault host must reach its own failure: without this the first failure stops the rest
+        # (max_fail_percentage 0, the rolling default, tested below).
+        result = runner.run_playbook(
+            "provision.yml",
+            inventory,
+            ansible_home("faults"),
+            "-e",
+            "provision_max_fail_percentage=100",
+            forks=len(names),
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -122,7 +131,8 @@ def test_secure_boot_without_signed_modules_stops_with_mok_steps(faults):
 
 def untouched(root) -> bool:
     """Nothing of the provisioning landed: no CUDA source, no NVIDIA package."""
-    packages = runner.in_root(root, "dpkg-query", "--show", "--showformat=${Package}\\n", check=False).stdout.split()
+    query = runner.in_root(root, "dpkg-query", "--show", "--showformat=${Package}\\n", check=False)
+    packages = query.stdout.split()
     return not (root / "etc/apt/sources.list.d/nvidia-cuda.list").exists() and not [
         p for p in packages if p.startswith(("nvidia-", "cuda-", "linux-modules-nvidia"))
     ]
@@ -155,8 +165,9 @@ def test_failed_host_stops_the_rollout_before_the_next_batch(
     make_host, debian12_tarball, base_vars, chroot_wrapper, ansible_home, workdir
 ):
     """provision_serial=2 over three hosts: the first batch's bad host fails in the middle of the
-    play (its key checksum is wrong), so the third host, in the next batch, is never changed
-    (max_fail_percentage: 0; Ansible alone would go on while one host of the batch survives)."""
+    play (its key checksum is wrong), which stops its batch partner after that task and the third
+    host, in the next batch, is never changed (max_fail_percentage: 0; Ansible alone would go on
+    while one host of the batch survives)."""
     names = ("roll-bad", "roll-good", "roll-next")
     roots = {name: make_host(name, debian12_tarball) for name in names}
     inventory = runner.write_inventory(
@@ -177,5 +188,10 @@ def test_failed_host_stops_the_rollout_before_the_next_batch(
     )
     assert result.rc != 0, result
     assert "Could not install the CUDA repository key" in result.failure("roll-bad"), result
-    assert (roots["roll-good"] / "etc/apt/sources.list.d/nvidia-cuda.list").exists(), result
-    assert untouched(roots["roll-next"]), result
+    # The batch stops after the task the bad host failed in: its partner got the key (that task)
+    # but no source entry (the next one); the host of the next batch is not touched at all.
+    assert (roots["roll-good"] / "etc/apt/keyrings/nvidia-cuda.asc").exists(), result
+    assert not (roots["roll-good"] / "etc/apt/sources.list.d/nvidia-cuda.list").exists(), result
+    assert untouched(roots["roll-next"])
+    assert not (roots["roll-next"] / "etc/apt/keyrings/nvidia-cuda.asc").exists()
+    assert "NO MORE HOSTS LEFT" in result.output, result

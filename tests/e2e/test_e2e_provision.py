@@ -229,9 +229,8 @@ def test_stale_package_lists_are_refreshed(cluster, ansible_home):
     assert result.rc == 0, result
     newest = max(p.stat().st_mtime for p in [lists, *lists.iterdir()])
     assert newest > time.time() - 600, "the package lists were not refreshed"
-    assert re.search(r"Refresh apt's package lists when they are stale\][ *]*\nchanged: \[image\]", result.output), (
-        result
-    )
+    refreshed = r"Refresh apt's package lists when they are stale\][ *]*\nchanged: \[image\]"
+    assert re.search(refreshed, result.output), result
 
 
 def test_nouveau_persistence_and_upgrades_are_configured(cluster):

@@ -9,6 +9,7 @@ Fast (no root, no e2e marker): imports the module and feeds it a planted sysfs t
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,8 @@ NVSWITCHES = {"1af1", "22a3"}
 
 @pytest.fixture(scope="module")
 def node_facts():
-    spec = importlib.util.spec_from_file_location("nodecert_node_facts", ROLE / "library" / "nodecert_node_facts.py")
+    path = ROLE / "library" / "nodecert_node_facts.py"
+    spec = importlib.util.spec_from_file_location("nodecert_node_facts", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -87,7 +89,7 @@ def test_every_named_gpu_has_an_expected_architecture():
 
 def test_ranges_do_not_overlap():
     spans = sorted((int(a["first"], 16), int(a["last"], 16), a["name"]) for a in ARCHITECTURES)
-    for (first, last, name), (next_first, _, next_name) in zip(spans, spans[1:]):
+    for (first, last, name), (next_first, _, next_name) in itertools.pairwise(spans):
         assert first <= last, name
         assert last < next_first, f"{name} (..{last:04x}) overlaps {next_name} ({next_first:04x}..)"
 

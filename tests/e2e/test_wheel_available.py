@@ -53,7 +53,8 @@ def test_finds_the_wheel_in_a_directory(module, monkeypatch, capsys, tmp_path):
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
     out = run(module, monkeypatch, capsys, {"package": "torch", "version": "2.13.0", "python_version": "3.11",
                                             "architecture": "x86_64", "find_links": [str(tmp_path)]})
-    assert not out.get("failed") and out["wheels"] == ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    assert not out.get("failed")
+    assert out["wheels"] == ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
 
 
 def test_names_what_there_is_when_nothing_fits(module, monkeypatch, capsys, tmp_path):

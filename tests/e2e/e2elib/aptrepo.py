@@ -5,7 +5,8 @@ precompiled module packages, cuda-toolkit-X-Y, libnccl2, nvidia-fabricmanager-<b
 only stub files. Two kinds: what only NVIDIA's CUDA repository ships (cuda-keyring, cuda-toolkit-X-Y,
 libnccl2/-dev, the unversioned nvidia-fabricmanager from 580, nvidia-driver-pinning-<branch>),
 and stand-ins for Canonical's packages (Ubuntu's restricted/multiverse) served from the same URL
-so that Debian 12 roots can play Ubuntu GPU nodes (those tests set preflight_gpu_distributions). The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
+so that Debian 12 roots can play Ubuntu GPU nodes (those tests set preflight_gpu_distributions).
+The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
 with Packages, Release, InRelease and Release.gpg signed by a throwaway key made here.
 """
 
@@ -122,7 +123,10 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                     f"linux-modules-nvidia-{branch}-server{suffix}-{kernel}",
                     deb_version,
                     files={
-                        f"lib/modules/{kernel}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": ("stand-in\n", 0o644)
+                        f"lib/modules/{kernel}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": (
+                            "stand-in\n",
+                            0o644,
+                        )
                     },
                 )
                 for kernel in kernels
@@ -163,7 +167,9 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                     Package(
                         f"libnvidia-nscq-{branch}",
                         deb,
-                        files={f"usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.{fm_version}": ("stand-in\n", 0o644)},
+                        files={
+                            f"usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.{fm_version}": ("stand-in\n", 0o644)
+                        },
                     )
                 )
     dashed = CUDA_VERSION.replace(".", "-")
@@ -191,7 +197,9 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
             "cuda-toolkit-12-config-common",
             "12.8.90-1",
             architecture="all",
-            files={"etc/ld.so.conf.d/988_cuda-12.conf": ("/usr/local/cuda-12/targets/x86_64-linux/lib\n", 0o644)},
+            files={
+                "etc/ld.so.conf.d/988_cuda-12.conf": ("/usr/local/cuda-12/targets/x86_64-linux/lib\n", 0o644)
+            },
         ),
         Package(
             f"cuda-toolkit-{dashed}",
@@ -342,12 +350,26 @@ class StandInRepo:
             self._server = None
 
 
-def build_and_serve(root: Path, kernel_release: str, architecture: str = "amd64") -> StandInRepo:
-    """Build the signed repository under root and serve it on a free port of 127.0.0.1."""
+def nvidia_only(package: Package) -> bool:
+    """What only NVIDIA's CUDA repository ships (the rest is in Ubuntu's archive)."""
+    return (
+        package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
+        or package.name == "nvidia-fabricmanager"
+    )
+
+
+def build_and_serve(
+    root: Path, kernel_release: str, architecture: str = "amd64", only_nvidia: bool = False
+) -> StandInRepo:
+    """Build the signed repository under root and serve it on a free port of 127.0.0.1.
+    only_nvidia: leave out the stand-ins of Canonical's packages (for roots that take those from
+    Ubuntu's archive)."""
     pool = root / "pool"
     pool.mkdir(parents=True)
     work = root / "build"
     for package in stand_in_packages(kernel_release, architecture):
+        if only_nvidia and not nvidia_only(package):
+            continue
         build_deb(package, work, pool)
     shutil.rmtree(work)
     subprocess.run(

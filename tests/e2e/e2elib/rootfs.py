@@ -137,6 +137,106 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
     remove_root(work)
 
 
+# What a freshly installed Ubuntu cloud image has that debootstrap's minbase lacks: every component
+# (main restricted universe multiverse) in the release, -updates and -security pockets, and a
+# kernel through its flavour meta package (linux-image-virtual: the -generic kernel, as cloud
+# images carry it).
+UBUNTU_IMAGE_RECIPE = "1"
+UBUNTU_IMAGE_PACKAGES = ("linux-image-virtual",)
+
+
+def ubuntu_sources(release: Release) -> tuple[str, str]:
+    """(path, content) of the apt sources an Ubuntu image of this release ships."""
+    suites = [release.suite, f"{release.suite}-updates", f"{release.suite}-security"]
+    components = "main restricted universe multiverse"
+    if release.suite == "jammy":
+        lines = [f"deb {release.mirror} {suite} {components}" for suite in suites]
+        return "etc/apt/sources.list", "\n".join(lines) + "\n"
+    return (
+        "etc/apt/sources.list.d/ubuntu.sources",
+        f"Types: deb\nURIs: {release.mirror}\nSuites: {' '.join(suites)}\nComponents: {components}\n"
+        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n",
+    )
+
+
+def newest_kernel_meta(release: Release, proxy_url: str) -> str:
+    """Version of linux-image-virtual in the release's -updates pocket (keys the image cache: a
+    new kernel in the archive makes a new image)."""
+    import lzma
+
+    url = f"{release.mirror.rstrip('/')}/dists/{release.suite}-updates/main/binary-amd64/Packages.xz"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url}))
+    with opener.open(url, timeout=60) as response:
+        text = lzma.decompress(response.read()).decode()
+    for stanza in text.split("\n\n"):
+        if stanza.startswith("Package: linux-image-virtual\n"):
+            return next(line.split(" ", 1)[1] for line in stanza.splitlines() if line.startswith("Version: "))
+    raise RuntimeError(f"no linux-image-virtual in {url}")
+
+
+def use_proxy(root: Path, apt_config: str) -> None:
+    (root / "etc/apt/apt.conf.d/00nodecert-e2e-proxy").write_text(apt_config)
+
+
+def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_config: str) -> Path:
+    """A tarball of an Ubuntu root that looks like a fresh cloud image (see UBUNTU_IMAGE_PACKAGES),
+    built from the debootstrap root, keyed by the archive's current kernel."""
+    base = cached_tarball(release, cache_dir)
+    kernel = newest_kernel_meta(release, proxy_url)
+    key = hashlib.sha256(
+        "\n".join([UBUNTU_IMAGE_RECIPE, base.name, kernel, *UBUNTU_IMAGE_PACKAGES]).encode()
+    ).hexdigest()[:12]
+    tarball = cache_dir / f"image-{release.name}-{key}.tar"
+    with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():
+            return tarball
+        work = unpack(base, tarball.with_suffix(".build"))
+        path, content = ubuntu_sources(release)
+        (work / "etc/apt/sources.list").write_text("")
+        (work / path).write_text(content)
+        use_proxy(work, apt_config)
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "DEBIAN_FRONTEND": "noninteractive",
+        }
+        for command in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *UBUNTU_IMAGE_PACKAGES],
+            ["apt-get", "clean"],
+            ["apt-cache", "stats"],
+        ):
+            proc = subprocess.run(
+                [
+                    "unshare",
+                    "--mount",
+                    "--pid",
+                    "--fork",
+                    f"--mount-proc={work}/proc",
+                    "chroot",
+                    str(work),
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"{' '.join(command)} in the {release.name} image failed:\n"
+                    f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+                )
+        (work / "etc/apt/apt.conf.d/00nodecert-e2e-proxy").unlink()
+        partial = tarball.with_suffix(".partial")
+        subprocess.run(
+            ["tar", "--numeric-owner", "--xattrs", "-C", str(work), "-cf", str(partial), "."], check=True
+        )
+        partial.rename(tarball)
+        remove_root(work)
+    return tarball
+
+
 def unpack(tarball: Path, dest: Path) -> Path:
     """A fresh copy of the root at dest."""
     if dest.exists():
