@@ -51,8 +51,18 @@ def run(module, monkeypatch, capsys, args: dict) -> dict:
 
 def test_finds_the_wheel_in_a_directory(module, monkeypatch, capsys, tmp_path):
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
-    out = run(module, monkeypatch, capsys, {"package": "torch", "version": "2.13.0", "python_version": "3.11",
-                                            "architecture": "x86_64", "find_links": [str(tmp_path)]})
+    out = run(
+        module,
+        monkeypatch,
+        capsys,
+        {
+            "package": "torch",
+            "version": "2.13.0",
+            "python_version": "3.11",
+            "architecture": "x86_64",
+            "find_links": [str(tmp_path)],
+        },
+    )
     assert not out.get("failed")
     assert out["wheels"] == ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
 
@@ -60,15 +70,37 @@ def test_finds_the_wheel_in_a_directory(module, monkeypatch, capsys, tmp_path):
 def test_names_what_there_is_when_nothing_fits(module, monkeypatch, capsys, tmp_path):
     (tmp_path / "torch-2.12.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
-    out = run(module, monkeypatch, capsys, {"package": "torch", "version": "2.13.0", "python_version": "3.12",
-                                            "architecture": "x86_64", "find_links": [str(tmp_path)]})
+    out = run(
+        module,
+        monkeypatch,
+        capsys,
+        {
+            "package": "torch",
+            "version": "2.13.0",
+            "python_version": "3.12",
+            "architecture": "x86_64",
+            "find_links": [str(tmp_path)],
+        },
+    )
     assert out["failed"]
     assert "no torch 2.13.0 wheel for Python 3.12 on x86_64" in out["msg"]
     assert "versions there for this Python and machine: 2.12.0+cpu" in out["msg"]
 
 
 def test_unreadable_index_is_a_one_line_failure(module, monkeypatch, capsys):
-    out = run(module, monkeypatch, capsys, {"package": "torch", "version": "2.13.0", "python_version": "3.12",
-                                            "architecture": "x86_64", "index_url": "http://127.0.0.1:9/whl",
-                                            "timeout": 2})
-    assert out["failed"] and out["msg"].startswith("could not read the wheel index http://127.0.0.1:9/whl/torch/")
+    out = run(
+        module,
+        monkeypatch,
+        capsys,
+        {
+            "package": "torch",
+            "version": "2.13.0",
+            "python_version": "3.12",
+            "architecture": "x86_64",
+            "index_url": "http://127.0.0.1:9/whl",
+            "timeout": 2,
+        },
+    )
+    assert out["failed"] and out["msg"].startswith(
+        "could not read the wheel index http://127.0.0.1:9/whl/torch/"
+    )
