@@ -247,10 +247,17 @@ def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
     utils = version(root, f"nvidia-utils-{BRANCH}-server")
     assert re.fullmatch(rf"{BRANCH}\.\d+\.\d+-0ubuntu\S+", utils), utils
     assert upstream(version(root, f"libnvidia-compute-{BRANCH}-server")) == upstream(utils)
-    # The flavour meta package that brings the modules of the next kernel along; not held.
-    meta = f"linux-modules-nvidia-{BRANCH}-server-open-generic"
-    assert held.get(meta) == "install", meta
     assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules: no DKMS"
+
+
+def test_flavour_meta_package_follows_the_kernel(ubuntu, host):
+    """The image's kernel came through linux-image-virtual: the -generic meta package of the
+    modules comes too (it brings the modules of the next kernel along), not held."""
+    note = rootfs.image_note(ubuntu.roots[host])
+    if note.get("meta") != "yes":
+        pytest.skip(f"the image has no kernel meta package: {note.get('meta')}")
+    meta = f"linux-modules-nvidia-{BRANCH}-server-open-generic"
+    assert selections(ubuntu.roots[host]).get(meta) == "install", meta
 
 
 def test_what_lands_on_disk(ubuntu, host):
