@@ -341,7 +341,23 @@ def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
     assert update.returncode == 0 and "Conflicting" not in update.stderr, update.stderr
     newer = f"{aptrepo.NEWER_NCCL[0]}+cuda{aptrepo.NEWER_NCCL[1]}"
     assert newer in runner.in_root(root, "apt-cache", "madison", "libnccl2").stdout
-    dry = runner.in_root(root, "unattended-upgrade", "--dry-run", "--debug", check=False)
+    dry = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            f"--mount-proc={root}/proc",
+            "chroot",
+            str(root),
+        ]
+        + ["unattended-upgrade", "--dry-run", "--debug"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    )
     said = dry.stdout + dry.stderr
     # It read the role's blacklist and turned the newer NCCL down because of it.
     assert "Initial blacklist: ^nvidia- ^libnvidia-" in said, said[-3000:]

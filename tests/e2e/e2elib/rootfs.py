@@ -139,9 +139,10 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
 
 
 # What a freshly installed Ubuntu cloud image has that debootstrap's minbase lacks: every component
-# (main restricted universe multiverse) in the release, -updates and -security pockets, and a
-# -generic kernel through its meta package linux-image-virtual (as cloud images carry it).
-UBUNTU_IMAGE_RECIPE = "2"
+# (main restricted universe multiverse) in the release, -updates and -security pockets, its
+# packages upgraded, and a -generic kernel through its meta package linux-image-virtual (as cloud
+# images carry it).
+UBUNTU_IMAGE_RECIPE = "3"
 IMAGE_NOTE = "var/lib/nodecert-e2e/image"  # what the image got, for the tests (key=value lines)
 MODULES_FOR = "linux-modules-nvidia-580-server-open"  # the precompiled modules the tests install
 
@@ -262,6 +263,8 @@ def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_c
         (work / path).write_text(content)
         use_proxy(work, apt_config)
         _chroot(work, "apt-get", "update", "-q")
+        # Current, as a freshly published cloud image is (debootstrap took the release pocket).
+        _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
         packages, note = _pick_kernel(work)
         _chroot(work, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages)
         _chroot(work, "apt-get", "clean")
