@@ -351,8 +351,10 @@ def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
             f"--mount-proc={root}/proc",
             "chroot",
             str(root),
-        ]
-        + ["unattended-upgrade", "--dry-run", "--debug"],
+            "unattended-upgrade",
+            "--dry-run",
+            "--debug",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
