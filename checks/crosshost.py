@@ -1,7 +1,8 @@
 """Cross-host stage: the collective check and the `ddp` job across hosts (torchrun c10d).
 
-Run on every host of a group at about the same time (`playbooks/verify.yml` does it with async
-tasks, so every host starts whatever the fork count), with the first host's cluster address as
+Run on every host of a group at about the same time (`playbooks/verify.yml` runs it as one
+synchronous task per round on every host, so it needs a fork count of at least the number of
+hosts, in pairs mode too: it refuses to start otherwise), with the first host's cluster address as
 the rendezvous endpoint and one rendezvous id per group:
 
     python -m checks.crosshost node --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 \\

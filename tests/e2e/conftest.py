@@ -114,6 +114,10 @@ def base_vars(stand_in_repo, project_snapshot) -> dict:
     return {
         # The chroots have no GPU unless a test plants one in their /sys.
         "preflight_require_gpu": False,
+        # Debian 12 roots play Ubuntu GPU nodes here (the stand-in repository serves Canonical's
+        # package names to them); by default Debian is refused for GPU nodes, which
+        # test_e2e_faults checks.
+        "preflight_gpu_distributions": ["Ubuntu", "Debian"],
         "preflight_min_free_disk_mb": 1024,
         "preflight_apt_lock_timeout": 30,
         "cuda_toolkit_repo_url": stand_in_repo.url,

@@ -1,11 +1,13 @@
 """Hosts that must not be provisioned fail early, each with a message a person can act on.
 
-All fault hosts share one inventory and one run (forks=5), each failing at its own step.
+All fault hosts share one inventory and one run (a fork each), each failing at its own step; a
+separate run checks that a failed host stops a rolling run before the next batch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 from e2elib import rootfs, runner
@@ -13,15 +15,29 @@ from e2elib import rootfs, runner
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 LOCK_TIMEOUT = 5
+EXAMPLE_CHECKSUM = re.search(
+    r"^cuda_toolkit_repo_key_checksum=(\S+)$", (runner.REPO / "inventory.example").read_text(), re.M
+).group(1)
 
 
 @pytest.fixture(scope="module")
 def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper, ansible_home, workdir):
-    names = ("bad-checksum", "wrong-key", "unsupported-os", "apt-locked", "secure-boot")
+    names = (
+        "bad-checksum",
+        "wrong-key",
+        "unsupported-os",
+        "apt-locked",
+        "secure-boot",
+        "example-checksum",
+        "debian-gpu",
+        "gh200-proprietary",
+    )
     roots = {name: make_host(name, debian12_tarball) for name in names}
     rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
     runner.fake_pci_device(roots["secure-boot"], "0000:3b:00.0", "2330", "0x030200")
     runner.fake_secure_boot(roots["secure-boot"], enabled=True)
+    runner.fake_pci_device(roots["debian-gpu"], "0000:3b:00.0", "2330", "0x030200")
+    runner.fake_pci_device(roots["gh200-proprietary"], "0000:01:00.0", "2342", "0x030200")
     host_vars = {
         "bad-checksum": {
             "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()
@@ -34,11 +50,26 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "apt-locked": {"preflight_apt_lock_timeout": LOCK_TIMEOUT},
         # A kernel Canonical ships no precompiled NVIDIA modules for: DKMS would be needed.
         "secure-boot": {"nvidia_driver_kernel_release": "6.99.0-1-generic"},
+        # inventory.example's placeholder, copied without being replaced.
+        "example-checksum": {"cuda_toolkit_repo_key_checksum": EXAMPLE_CHECKSUM},
+        # The default: Debian is no GPU distribution (base_vars lets the other roots play Ubuntu).
+        "debian-gpu": {"preflight_gpu_distributions": ["Ubuntu"]},
+        # Grace Hopper needs the open modules; asking for the proprietary ones must stop early.
+        "gh200-proprietary": {"nvidia_driver_kernel_modules": "proprietary"},
     }
     inventory = runner.write_inventory(workdir / "faults.yml", roots, chroot_wrapper, base_vars, host_vars)
     holder = runner.hold_dpkg_lock(roots["apt-locked"])
     try:
-        result = runner.run_playbook("provision.yml", inventory, ansible_home("faults"), forks=len(names))
+        # Each fault host must reach its own failure: without this the first failure stops the rest
+        # (max_fail_percentage 0, the rolling default, tested below).
+        result = runner.run_playbook(
+            "provision.yml",
+            inventory,
+            ansible_home("faults"),
+            "-e",
+            "provision_max_fail_percentage=100",
+            forks=len(names),
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -96,3 +127,71 @@ def test_secure_boot_without_signed_modules_stops_with_mok_steps(faults):
         roots["secure-boot"], "dpkg-query", "--show", "--showformat=${Package}\\n", check=False
     ).stdout.split()
     assert not [p for p in status if p.startswith(("nvidia-", "linux-modules-nvidia"))]
+
+
+def untouched(root) -> bool:
+    """Nothing of the provisioning landed: no CUDA source, no NVIDIA package."""
+    query = runner.in_root(root, "dpkg-query", "--show", "--showformat=${Package}\\n", check=False)
+    packages = query.stdout.split()
+    return not (root / "etc/apt/sources.list.d/nvidia-cuda.list").exists() and not [
+        p for p in packages if p.startswith(("nvidia-", "cuda-", "linux-modules-nvidia"))
+    ]
+
+
+def test_example_checksum_is_refused_before_any_change(faults):
+    roots, result = faults
+    assert EXAMPLE_CHECKSUM.startswith("sha256:0000")
+    message = result.failure("example-checksum")
+    assert "is the all-zero placeholder from inventory.example" in message, result
+    assert untouched(roots["example-checksum"])
+
+
+def test_debian_gpu_node_is_refused_up_front(faults):
+    roots, result = faults
+    message = result.failure("debian-gpu")
+    assert "debian-gpu runs Debian 12" in message and "GPU-less images only" in message, result
+    assert "1 NVIDIA GPU(s) on its PCI bus" in message
+    assert untouched(roots["debian-gpu"])
+
+
+def test_gh200_with_proprietary_modules_is_refused(faults):
+    roots, result = faults
+    message = result.failure("gh200-proprietary")
+    assert "nvidia_driver_kernel_modules=proprietary cannot drive" in message and "GH200" in message, result
+    assert untouched(roots["gh200-proprietary"])
+
+
+def test_failed_host_stops_the_rollout_before_the_next_batch(
+    make_host, debian12_tarball, base_vars, chroot_wrapper, ansible_home, workdir
+):
+    """provision_serial=2 over three hosts: the first batch's bad host fails in the middle of the
+    play (its key checksum is wrong), which stops its batch partner after that task and the third
+    host, in the next batch, is never changed (max_fail_percentage: 0; Ansible alone would go on
+    while one host of the batch survives)."""
+    names = ("roll-bad", "roll-good", "roll-next")
+    roots = {name: make_host(name, debian12_tarball) for name in names}
+    inventory = runner.write_inventory(
+        workdir / "rolling.yml",
+        roots,
+        chroot_wrapper,
+        base_vars,
+        {"roll-bad": {"cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"other").hexdigest()}},
+    )
+    result = runner.run_playbook(
+        "provision.yml",
+        inventory,
+        ansible_home("rolling"),
+        "-e",
+        "provision_serial=2",
+        "--tags",
+        "preflight,cuda_toolkit",
+    )
+    assert result.rc != 0, result
+    assert "Could not install the CUDA repository key" in result.failure("roll-bad"), result
+    # The batch stops after the task the bad host failed in: its partner got the key (that task)
+    # but no source entry (the next one); the host of the next batch is not touched at all.
+    assert (roots["roll-good"] / "etc/apt/keyrings/nvidia-cuda.asc").exists(), result
+    assert not (roots["roll-good"] / "etc/apt/sources.list.d/nvidia-cuda.list").exists(), result
+    assert untouched(roots["roll-next"])
+    assert not (roots["roll-next"] / "etc/apt/keyrings/nvidia-cuda.asc").exists()
+    assert "NO MORE HOSTS LEFT" in result.output, result

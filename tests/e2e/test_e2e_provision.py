@@ -1,5 +1,13 @@
 """provision.yml for real: four Debian 12 roots in one inventory (forks=4), each a different node
-type, then assertions on what the roots hold, then a second run that must change nothing."""
+type and starting point, then assertions on what the roots hold, then a second run that must
+change nothing.
+
+hgx-h100: eight H100 and four NVSwitches, branch 580 (open modules, Ubuntu's versioned Fabric
+Manager and NSCQ). v100: proprietary modules, and a newer kernel installed but not running (the
+modules must be for it). h200-590: an HGX H200 board on branch 590, whose Fabric Manager only
+NVIDIA's repository has (unversioned name). image: a GPU-less image that, like most cloud images,
+ships cuda-keyring with its own source entry for the same repository.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,17 +37,23 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(make_host, debian12_tarball, base_vars, chroot_wrapper, ansible_home, workdir) -> Cluster:
-    roots = {name: make_host(name, debian12_tarball) for name in ("hgx-h100", "v100", "l40s-590", "image")}
+def cluster(
+    make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper, ansible_home, workdir
+) -> Cluster:
+    roots = {name: make_host(name, debian12_tarball) for name in ("hgx-h100", "v100", "h200-590", "image")}
     runner.hgx_h100(roots["hgx-h100"])
     runner.fake_pci_device(roots["v100"], "0000:3b:00.0", "1db5", "0x030200")
-    runner.fake_pci_device(roots["l40s-590"], "0000:3b:00.0", "26b9", "0x030200")
+    runner.plant_kernel(roots["v100"], aptrepo.PENDING_KERNEL)
+    runner.hgx_h100(roots["h200-590"], gpu_id="2335")
+    keyring = aptrepo.build_deb(aptrepo.cuda_keyring(stand_in_repo, "debian12"), workdir / "keyring", workdir)
+    runner.preinstall_deb(roots["image"], keyring)
     inventory = runner.write_inventory(
         workdir / "cluster.yml",
         roots,
         chroot_wrapper,
         base_vars,
-        host_vars={"l40s-590": {"nvidia_driver_branch": "590"}},
+        # NSCQ under NVIDIA's names is not modelled by the stand-in (Ubuntu's name only, for 580).
+        host_vars={"h200-590": {"nvidia_driver_branch": "590", "fabric_manager_nscq": False}},
     )
     first = runner.run_playbook("provision.yml", inventory, ansible_home("cluster"), forks=4)
     second = (
@@ -87,20 +102,22 @@ def test_second_run_changes_nothing(cluster):
                 "nvidia-compute-utils-580-server",
             ],
         ),
-        # V100 (Volta): the open modules cannot drive it.
+        # V100 (Volta): the open modules cannot drive it; modules for the pending kernel, which
+        # the next boot runs.
         (
             "v100",
             [
                 "nvidia-headless-no-dkms-580-server",
-                f"linux-modules-nvidia-580-server-{KERNEL}",
+                f"linux-modules-nvidia-580-server-{aptrepo.PENDING_KERNEL}",
                 "nvidia-utils-580-server",
             ],
         ),
         # Branch 590: NVIDIA's pinning package comes with it.
         (
-            "l40s-590",
+            "h200-590",
             [
                 "nvidia-headless-no-dkms-590-server-open",
+                f"linux-modules-nvidia-590-server-open-{KERNEL}",
                 "nvidia-driver-pinning-590",
                 "nvidia-utils-590-server",
             ],
@@ -143,21 +160,77 @@ def test_cuda_toolkit_and_nccl_are_pinned_and_held(cluster):
         assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
         assert version(root, "libnccl-dev") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
         profile = (root / "etc/profile.d/cuda.sh").read_text()
-        assert "CUDA_HOME=/usr/local/cuda-12.8" in profile and "${CUDA_HOME}/lib64" in profile
+        assert "CUDA_HOME=/usr/local/cuda-12.8" in profile
         login = runner.in_root(root, "sh", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
-        assert "release 12.8," in login and "LD=/usr/local/cuda-12.8/lib64" in login
+        # No LD_LIBRARY_PATH: it would outrank the CUDA libraries bundled with the torch wheel;
+        # the toolkit's packages register theirs with the dynamic linker instead.
+        assert "release 12.8," in login and "\nLD=\n" in login, login
+        assert not re.search(r"^[^#]*LD_LIBRARY_PATH", profile, re.M), profile
+        assert (root / "etc/ld.so.conf.d/988_cuda-12.conf").exists()
 
 
 def test_fabric_manager_only_where_nvswitches_are(cluster):
     hgx = cluster.roots["hgx-h100"]
-    # The driver's version exactly, although an older build is also offered.
-    assert version(hgx, "nvidia-fabricmanager-580") == f"{aptrepo.DRIVER_VERSIONS['580']}-1"
-    assert selections(hgx)["nvidia-fabricmanager-580"] == "hold"
+    # The driver's version exactly, although an older build is also offered; NSCQ with it.
+    for package in ("nvidia-fabricmanager-580", "libnvidia-nscq-580"):
+        assert version(hgx, package) == f"{aptrepo.DRIVER_VERSIONS['580']}-1", package
+        assert selections(hgx)[package] == "hold", package
     link = hgx / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
     assert os.readlink(link) == "/lib/systemd/system/nvidia-fabricmanager.service"
-    for name in ("v100", "l40s-590", "image"):
+    # Branch 590 from NVIDIA's repository: the unversioned name (the versioned one is only
+    # provided, and apt cannot install a virtual package at a version).
+    h200 = cluster.roots["h200-590"]
+    assert version(h200, "nvidia-fabricmanager") == f"{aptrepo.DRIVER_VERSIONS['590']}-1"
+    assert selections(h200)["nvidia-fabricmanager"] == "hold"
+    assert (h200 / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service").is_symlink()
+    for name in ("v100", "image"):
         assert not [p for p in selections(cluster.roots[name]) if p.startswith("nvidia-fabricmanager")], name
     assert "Fabric Manager skipped on v100: no NVSwitch" in cluster.first.output
+
+
+def test_modules_for_the_pending_kernel(cluster):
+    """v100 has a newer kernel installed than the one running: the modules are for that one (the
+    next boot runs it), not for the running kernel, which this root cannot boot."""
+    root = cluster.roots["v100"]
+    assert (root / f"lib/modules/{aptrepo.PENDING_KERNEL}/kernel/nvidia-580srv/nvidia.ko").exists()
+    assert not (root / f"lib/modules/{KERNEL}").exists()
+    assert f"Kernel modules for {aptrepo.PENDING_KERNEL} (the newest installed kernel" in cluster.first.output
+
+
+def test_preconfigured_cuda_keyring_is_switched_off_and_apt_works(cluster, stand_in_repo):
+    """The image shipped cuda-keyring: its entry for the same repository names another keyring,
+    which makes apt refuse every source ("Conflicting values set for option Signed-By"). It is
+    commented out in place; ours, with the pinned key, is the one apt reads, and apt works."""
+    root = cluster.roots["image"]
+    keyring_list = (root / "etc/apt/sources.list.d/cuda-debian12-x86_64.list").read_text()
+    active = [line for line in keyring_list.splitlines() if line.strip().startswith("deb")]
+    assert active == [], keyring_list
+    assert "# Disabled by Ansible (nodecert cuda_toolkit)" in keyring_list
+    assert f"{stand_in_repo.url}/debian12/x86_64/" in keyring_list  # kept, as a comment
+    update = runner.in_root(root, "apt-get", "update", check=False)
+    assert update.returncode == 0 and "Conflicting" not in update.stderr, update.stderr
+    policy = runner.in_root(root, "apt-cache", "policy", "cuda-toolkit-12-8").stdout
+    assert f"{stand_in_repo.url}/debian12/x86_64" in policy
+    key = (root / "etc/apt/keyrings/nvidia-cuda.asc").read_bytes()
+    assert "sha256:" + hashlib.sha256(key).hexdigest() == stand_in_repo.key_checksum
+
+
+def test_stale_package_lists_are_refreshed(cluster, ansible_home):
+    """Lists from weeks ago are refreshed before the checks read them (cache_valid_time). Weeks-old
+    lists that miss an index the mirror now has: the refresh brings it back."""
+    root = cluster.roots["image"]
+    lists = root / "var/lib/apt/lists"
+    missing = sorted(lists.glob("*_main_binary-amd64_Packages*"))[0]
+    missing.unlink()
+    stale = time.time() - 30 * 86400
+    os.utime(lists, (stale, stale))
+    result = runner.run_playbook(
+        "provision.yml", cluster.inventory, ansible_home("stale"), "--limit", "image", "--tags", "preflight"
+    )
+    assert result.rc == 0, result
+    assert missing.exists(), "the package lists were not refreshed"
+    refreshed = r"Refresh apt's package lists when they are stale\][ *]*\nchanged: \[image\]"
+    assert re.search(refreshed, result.output), result
 
 
 def test_nouveau_persistence_and_upgrades_are_configured(cluster):
@@ -282,3 +355,26 @@ def test_fleet_verify_names_every_fault_and_still_reports(cluster, chroot_wrappe
     for output in ("fleet.html", "fleet.xml", "prometheus/nodecert-fleet.prom"):
         assert (run / "meta" / output).stat().st_size > 0
     assert result.rc != 0 and "Fleet verdict FAIL" in result.output
+
+
+def test_crosshost_pairs_needs_a_fork_per_host(cluster, ansible_home, workdir):
+    """The cross-host command runs synchronously: with fewer forks than hosts a started host can
+    wait for a partner that never starts, in pairs mode too, so verify.yml refuses up front."""
+    result = runner.run_playbook(
+        "verify.yml",
+        cluster.inventory,
+        ansible_home("pairs-forks"),
+        "-e",
+        "verify_crosshost=pairs",
+        "-e",
+        "verify_python=/bin/true",  # no checks: only the cross-host planning matters here
+        "-e",
+        "verify_run_id=pairs-forks",
+        "-e",
+        f"verify_reports_dir={workdir / 'pairs-forks'}",
+        forks=2,
+    )
+    assert result.rc != 0, result
+    assert "runs 4 hosts per round (mode pairs)" in result.output, result
+    assert "raise the fork count (-f 4)" in result.output
+    assert not (workdir / "pairs-forks" / "pairs-forks" / "crosshost" / "analysis.json").exists()

@@ -1,20 +1,29 @@
-"""provision.yml for real on Ubuntu 22.04 (jammy) and 24.04 (noble) roots, when an Ubuntu archive
-answers (each release is probed; a case whose archive does not answer is skipped with the reason).
+"""provision.yml on Ubuntu 22.04 (jammy) and 24.04 (noble) roots with Canonical's real packages
+from Ubuntu's archive, when it answers (each release is probed; a case whose archive does not
+answer is skipped with the reason).
 
-One inventory holds one HGX H100 host per Ubuntu release (forks=2); the same assertions as the
-Debian 12 cluster where they apply, with Ubuntu's repository directories (ubuntu2204/ubuntu2404),
-then a second run that must change nothing.
+The roots start as a fresh cloud image does (rootfs.cached_ubuntu_image): every component in the
+release, -updates and -security pockets, and a -generic kernel through linux-image-virtual. The
+driver user space (nvidia-*-580-server), Canonical's signed precompiled modules for that kernel
+(linux-modules-nvidia-580-server-open-<kernel> and the -generic meta package that follows kernel
+upgrades), Fabric Manager and NSCQ (multiverse) come from Ubuntu's archive through a caching proxy
+on the controller (each file downloaded once, kept across runs), maintainer scripts and all. Only
+what NVIDIA alone ships (cuda-keyring, cuda-toolkit-12-8, libnccl2/-dev) comes from the signed
+stand-in of NVIDIA's repository, in its NVIDIA-only form.
 
-torch: the local torch wheel is built for CPython 3.11 (Debian 12); jammy has Python 3.10 and
-noble 3.12. The Ubuntu hosts get a stand-in wheel named torch 2.13.0 (py3-none-any, importable,
-not PyTorch) so that the pytorch role's venv, pip and import steps run for real.
+Three hosts, three starting points, one run (then a second that must change nothing):
+  jammy-hgx    a fresh jammy image on an HGX H100 board (eight GPUs, four NVSwitches);
+  noble-535    a noble HGX H100 node running branch 535 from noble's release pocket (the genuine
+               535, before Ubuntu made 535-server transitional), held: upgraded to 580, the holds
+               moved, nothing of 535 left;
+  noble-image  a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
+               repository) and unattended-upgrades configured to upgrade everything.
 
-This project on jammy: pyproject.toml says requires-python >= 3.11 (the code needs 3.11, e.g.
-enum.StrEnum), and jammy's release pocket has no Python 3.11, so the project cannot be installed
-there. The jammy host installs through pytorch_nodecert_requirement (the role's install-from-an-
-index branch) with a requirement the wheelhouse satisfies, and a separate run checks that the
-role's preflight stops with an actionable message when it would have to install the project.
-noble installs this project's wheel and its dependencies (cp312 wheels) for real.
+torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
+stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch). noble installs this
+project's wheel; jammy's Python 3.10 is below its requires-python, so jammy installs through
+pytorch_nodecert_requirement, and a separate run checks that the defaults stop in the checks
+before any change.
 """
 
 from __future__ import annotations
@@ -22,31 +31,34 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2elib import aptrepo, rootfs, runner, wheelhouse
+from e2elib import aptproxy, aptrepo, rootfs, runner, wheelhouse
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "e2e"
-KERNEL = os.uname().release
 WHEELHOUSE_IN_HOST = "srv/wheelhouse"
 PROBE_TIMEOUT = 5
+BRANCH = "580"
 
 
 @dataclass(frozen=True)
-class Case:
+class Host:
     release: rootfs.Release
     python: str
     installs_project: bool
+    devices: str  # "hgx" or "l40s"
 
 
-CASES = {
-    "jammy": Case(rootfs.UBUNTU_2204, "3.10", installs_project=False),
-    "noble": Case(rootfs.UBUNTU_2404, "3.12", installs_project=True),
+HOSTS = {
+    "jammy-hgx": Host(rootfs.UBUNTU_2204, "3.10", installs_project=False, devices="hgx"),
+    "noble-535": Host(rootfs.UBUNTU_2404, "3.12", installs_project=True, devices="hgx"),
+    "noble-image": Host(rootfs.UBUNTU_2404, "3.12", installs_project=True, devices="l40s"),
 }
 JAMMY_VARS = {
     # Not this project (it needs Python >= 3.11): a requirement the wheelhouse satisfies, so the
@@ -54,51 +66,135 @@ JAMMY_VARS = {
     "pytorch_nodecert_requirement": "torch==2.13.0",
     "pytorch_import_check": ["torch"],
 }
+# The genuine 535 in noble's release pocket (-updates has only the transitional 535 -> 580).
+OLD_BRANCH_PACKAGES = (
+    "nvidia-headless-no-dkms-535-server",
+    "nvidia-utils-535-server",
+    "nvidia-fabricmanager-535",
+    "libnvidia-nscq-535",
+)
+OLD_BRANCH_PIN = """\
+# nodecert e2e starting point: branch 535 as noble released it.
+Package: /-535/
+Pin: release a=noble
+Pin-Priority: 1001
+"""
+# unattended-upgrades told to upgrade from every origin, NVIDIA's included.
+UPGRADE_EVERYTHING = """\
+Unattended-Upgrade::Origins-Pattern { "origin=*"; };
+APT::Periodic::Update-Package-Lists "1";
+APT::Periodic::Unattended-Upgrade "1";
+"""
+
+
+def apt_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={root}/proc", "chroot", str(root), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"},
+    )
+    assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def start_on_branch_535(root: Path) -> None:
+    pin = root / "etc/apt/preferences.d/nodecert-e2e-535"
+    pin.write_text(OLD_BRANCH_PIN)
+    apt_in(root, "apt-get", "update", "-q")
+    apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", *OLD_BRANCH_PACKAGES)
+    pin.unlink()
+    installed = apt_in(root, "dpkg-query", "--show", "--showformat=${Package}\\n").stdout.split()
+    apt_in(root, "apt-mark", "hold", *[p for p in installed if "535" in p])
+
+
+def start_as_vendor_image(root: Path, nvidia_repo: aptrepo.StandInRepo, workdir: Path) -> None:
+    deb = aptrepo.build_deb(
+        aptrepo.cuda_keyring(nvidia_repo, "ubuntu2404"), workdir / "keyring-ubuntu", workdir
+    )
+    apt_in(root, "apt-get", "update", "-q")
+    apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", "unattended-upgrades")
+    (root / "etc/apt/apt.conf.d/52nodecert-e2e-upgrade-everything").write_text(UPGRADE_EVERYTHING)
+    runner.preinstall_deb(root, deb)
 
 
 @dataclass
 class Ubuntu:
     roots: dict[str, Path]
     skipped: dict[str, str]
+    kernels: dict[str, str]
     inventory: Path
     first: runner.Result | None
     second: runner.Result | None
 
 
 @pytest.fixture(scope="module")
-def ubuntu(e2e_ready, workdir, base_vars, chroot_wrapper, ansible_home) -> Ubuntu:
+def nvidia_repo(workdir):
+    repo = aptrepo.build_and_serve(workdir / "nvidia-only-repo", os.uname().release, only_nvidia=True)
+    yield repo
+    repo.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy():
+    running = aptproxy.CachingProxy(CACHE / "apt-proxy").start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home) -> Ubuntu:
     roots: dict[str, Path] = {}
     skipped: dict[str, str] = {}
-    for name, case in CASES.items():
-        reason = rootfs.archive_answers(case.release, timeout=PROBE_TIMEOUT)
+    kernels: dict[str, str] = {}
+    for name, host in HOSTS.items():
+        reason = rootfs.archive_answers(host.release, timeout=PROBE_TIMEOUT)
         if reason:
             skipped[name] = f"no Ubuntu archive: {reason}"
             continue
-        tarball = rootfs.cached_tarball(case.release, CACHE)
-        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, case.python, case.installs_project)
+        tarball = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config())
+        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, host.installs_project)
         root = rootfs.unpack(tarball, workdir / "hosts" / name)
+        rootfs.use_proxy(root, proxy.apt_config())
         wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
-        runner.hgx_h100(root)  # the fullest path: open modules, Fabric Manager
+        if host.devices == "hgx":
+            runner.hgx_h100(root)
+        else:
+            runner.fake_pci_device(root, "0000:3b:00.0", "26b9", "0x030200")
+        (kernel,) = [p.name.removeprefix("vmlinuz-") for p in (root / "boot").glob("vmlinuz-*")]
+        kernels[name] = kernel
         roots[name] = root
+    if "noble-535" in roots:
+        start_on_branch_535(roots["noble-535"])
+    if "noble-image" in roots:
+        start_as_vendor_image(roots["noble-image"], nvidia_repo, workdir)
     inventory = workdir / "ubuntu.yml"
     if not roots:
-        return Ubuntu(roots, skipped, inventory, None, None)
-    host_vars = {"jammy": JAMMY_VARS} if "jammy" in roots else {}
-    runner.write_inventory(inventory, roots, chroot_wrapper, base_vars, host_vars)
-    first = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu"), forks=len(roots))
+        return Ubuntu(roots, skipped, kernels, inventory, None, None)
+    group_vars = {
+        **base_vars,
+        "cuda_toolkit_repo_url": nvidia_repo.url,
+        "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
+        "preflight_gpu_distributions": ["Ubuntu"],  # the default: these are Ubuntu roots
+    }
+    host_vars = {"jammy-hgx": JAMMY_VARS} if "jammy-hgx" in roots else {}
+    runner.write_inventory(inventory, roots, chroot_wrapper, group_vars, host_vars)
+    first = runner.run_playbook(
+        "provision.yml", inventory, ansible_home("ubuntu"), forks=len(roots), timeout=1800
+    )
     (workdir / "ubuntu-first.log").write_text(first.output)  # kept with NODECERT_E2E_KEEP=1
     second = None
     if first.rc == 0:
         second = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu"), forks=len(roots))
         (workdir / "ubuntu-second.log").write_text(second.output)
     print(
-        f"\nprovision.yml, Ubuntu hosts {sorted(roots)}: first run {first.seconds:.0f}s"
+        f"\nprovision.yml, Ubuntu hosts {sorted(roots)} (archive packages): first run {first.seconds:.0f}s"
         + (f", second run {second.seconds:.0f}s" if second else "")
     )
-    return Ubuntu(roots, skipped, inventory, first, second)
+    return Ubuntu(roots, skipped, kernels, inventory, first, second)
 
 
-@pytest.fixture(params=sorted(CASES))
+@pytest.fixture(params=sorted(HOSTS))
 def host(request, ubuntu) -> str:
     if request.param in ubuntu.skipped:
         pytest.skip(ubuntu.skipped[request.param])
@@ -106,18 +202,26 @@ def host(request, ubuntu) -> str:
 
 
 def selections(root: Path) -> dict[str, str]:
+    """Package -> selection; Multi-Arch: same libraries are listed as name:amd64."""
     out = runner.in_root(root, "dpkg", "--get-selections").stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
+    return {
+        name.split(":")[0]: state
+        for name, state in (line.split() for line in out.splitlines() if line.strip())
+    }
 
 
 def version(root: Path, package: str) -> str:
     return runner.in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
 
 
+def upstream(deb_version: str) -> str:
+    return re.sub(r"-[^-]*$", "", re.sub(r"^[0-9]+:", "", deb_version))
+
+
 def test_root_is_the_ubuntu_release(ubuntu, host):
     os_release = (ubuntu.roots[host] / "etc/os-release").read_text()
-    assert "ID=ubuntu" in os_release
-    assert f'VERSION_ID="{CASES[host].release.name[6:8]}.{CASES[host].release.name[8:]}"' in os_release
+    name = HOSTS[host].release.name
+    assert "ID=ubuntu" in os_release and f'VERSION_ID="{name[6:8]}.{name[8:]}"' in os_release
 
 
 def test_first_run_provisions(ubuntu, host):
@@ -131,59 +235,144 @@ def test_second_run_changes_nothing(ubuntu, host):
     assert ubuntu.second.recap[host]["changed"] == 0, ubuntu.second
 
 
-def test_driver_toolkit_nccl_fabric_manager_installed_and_held(ubuntu, host):
-    root = ubuntu.roots[host]
+def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
+    root, kernel = ubuntu.roots[host], ubuntu.kernels[host]
     held = selections(root)
     expected = [
-        "nvidia-headless-no-dkms-580-server-open",
-        f"linux-modules-nvidia-580-server-open-{KERNEL}",
-        "nvidia-utils-580-server",
-        "nvidia-compute-utils-580-server",
-        "cuda-toolkit-12-8",
-        "cuda-nvcc-12-8",
-        "libnccl2",
-        "libnccl-dev",
-        "nvidia-fabricmanager-580",
+        f"nvidia-headless-no-dkms-{BRANCH}-server-open",
+        f"nvidia-utils-{BRANCH}-server",
+        f"libnvidia-compute-{BRANCH}-server",
+        f"nvidia-compute-utils-{BRANCH}-server",
+        f"nvidia-kernel-common-{BRANCH}-server",
+        f"linux-modules-nvidia-{BRANCH}-server-open-{kernel}",
     ]
     assert {p: held.get(p) for p in expected} == dict.fromkeys(expected, "hold")
-    assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules exist: no DKMS"
+    # Canonical's build from the archive (not a stand-in), one upstream version throughout.
+    utils = version(root, f"nvidia-utils-{BRANCH}-server")
+    assert re.fullmatch(rf"{BRANCH}\.\d+\.\d+-0ubuntu\S+", utils), utils
+    assert upstream(version(root, f"libnvidia-compute-{BRANCH}-server")) == upstream(utils)
+    assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules: no DKMS"
+
+
+def test_flavour_meta_package_follows_the_kernel(ubuntu, host):
+    """The image's kernel came through linux-image-virtual: the -generic meta package of the
+    modules comes too (it brings the modules of the next kernel along), not held."""
+    note = rootfs.image_note(ubuntu.roots[host])
+    if note.get("meta") != "yes":
+        pytest.skip(f"the image has no kernel meta package: {note.get('meta')}")
+    meta = f"linux-modules-nvidia-{BRANCH}-server-open-generic"
+    assert selections(ubuntu.roots[host]).get(meta) == "install", meta
+
+
+def test_what_lands_on_disk(ubuntu, host):
+    """The kernel module for the installed kernel, nvidia-smi and NVML, as the packages' own
+    maintainer scripts left them."""
+    root, kernel = ubuntu.roots[host], ubuntu.kernels[host]
+    modules = sorted((root / "lib/modules" / kernel).rglob("nvidia.ko*"))
+    assert modules, f"no nvidia.ko under /lib/modules/{kernel}"
+    assert not (root / "lib/modules" / os.uname().release).exists()  # not for the controller's kernel
+    smi = root / "usr/bin/nvidia-smi"
+    assert smi.read_bytes()[:4] == b"\x7fELF"
+    nvml = root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    assert nvml.exists() and nvml.resolve().read_bytes()[:4] == b"\x7fELF"
+
+
+def test_fabric_manager_and_nscq_on_the_nvswitch_boards(ubuntu, host):
+    root = ubuntu.roots[host]
+    held = selections(root)
+    if HOSTS[host].devices != "hgx":
+        assert not [p for p in held if p.startswith(("nvidia-fabricmanager", "libnvidia-nscq"))]
+        return
+    driver = upstream(version(root, f"nvidia-utils-{BRANCH}-server"))
+    for package in (f"nvidia-fabricmanager-{BRANCH}", f"libnvidia-nscq-{BRANCH}"):
+        assert held.get(package) == "hold", package
+        assert upstream(version(root, package)) == driver, package
+    unit = root / "usr/lib/systemd/system/nvidia-fabricmanager.service"
+    assert unit.exists()
+    link = root / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
+    assert os.readlink(link) == "/lib/systemd/system/nvidia-fabricmanager.service"
+
+
+def test_nvidia_only_packages_come_from_the_cuda_repository(ubuntu, host, nvidia_repo):
+    root = ubuntu.roots[host]
+    held = selections(root)
+    for package in ("cuda-toolkit-12-8", "libnccl2", "libnccl-dev"):
+        assert held.get(package) == "hold", package
     assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
-    assert version(root, "nvidia-fabricmanager-580") == f"{aptrepo.DRIVER_VERSIONS['580']}-1"
-
-
-def test_cuda_repository_is_ubuntus_and_signed_by_the_pinned_key(ubuntu, host, stand_in_repo):
-    root = ubuntu.roots[host]
-    distribution = CASES[host].release.name  # ubuntu2204 / ubuntu2404: NVIDIA's directory names
+    distribution = HOSTS[host].release.name
     source = (root / "etc/apt/sources.list.d/nvidia-cuda.list").read_text()
-    line = f"deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] {stand_in_repo.url}/{distribution}/x86_64/ /"
-    assert line in source
-    assert "trusted=yes" not in source
+    line = f"deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] {nvidia_repo.url}/{distribution}/x86_64/ /"
+    assert line in source and "trusted=yes" not in source
     key = (root / "etc/apt/keyrings/nvidia-cuda.asc").read_bytes()
-    assert "sha256:" + hashlib.sha256(key).hexdigest() == stand_in_repo.key_checksum
-    assert not (root / "etc/apt/trusted.gpg").exists()
-    assert not list((root / "etc/apt/trusted.gpg.d").glob("*cuda*"))
+    assert "sha256:" + hashlib.sha256(key).hexdigest() == nvidia_repo.key_checksum
 
 
-def test_profile_modprobe_unattended_upgrades_and_persistence(ubuntu, host):
+def test_profile_has_no_ld_library_path(ubuntu, host):
     root = ubuntu.roots[host]
-    profile = (root / "etc/profile.d/cuda.sh").read_text()
-    assert "CUDA_HOME=/usr/local/cuda-12.8" in profile and "${CUDA_HOME}/lib64" in profile
     login = runner.in_root(root, "bash", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
-    assert "release 12.8," in login and "LD=/usr/local/cuda-12.8/lib64" in login
-    blacklist = (root / "etc/modprobe.d/nodecert-blacklist-nouveau.conf").read_text()
-    assert "blacklist nouveau" in blacklist and "options nouveau modeset=0" in blacklist
-    unattended = (root / "etc/apt/apt.conf.d/51nodecert-nvidia-blacklist").read_text()
-    for pattern in ('"^nvidia-";', '"^libnvidia-";', '"^libnccl";'):
-        assert pattern in unattended
-    override = (root / "etc/systemd/system/nvidia-persistenced.service.d/nodecert.conf").read_text()
-    assert next(line for line in override.splitlines() if line.startswith("ExecStart=")) == "ExecStart="
-    wants = root / "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service"
-    target = os.readlink(wants)
-    assert target == "/lib/systemd/system/nvidia-persistenced.service"
-    # Ubuntu's /lib is a link to usr/lib (merged /usr): the unit must still be found through it.
-    assert (root / "usr/lib/systemd/system/nvidia-persistenced.service").exists()
-    fm = root / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
-    assert os.readlink(fm) == "/lib/systemd/system/nvidia-fabricmanager.service"
+    assert "release 12.8," in login and "\nLD=\n" in login, login
+
+
+def test_branch_535_was_replaced(ubuntu):
+    """The 535 node: 580 installed and held, the holds moved, nothing of 535 left (not even
+    configuration files)."""
+    if "noble-535" in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped["noble-535"])
+    root = ubuntu.roots["noble-535"]
+    listed = runner.in_root(
+        root, "dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n"
+    ).stdout
+    assert not [line for line in listed.splitlines() if "535" in line], listed
+    held = runner.in_root(root, "apt-mark", "showhold").stdout.split()
+    assert f"nvidia-utils-{BRANCH}-server" in held and f"nvidia-fabricmanager-{BRANCH}" in held
+    assert not [p for p in held if "535" in p]
+
+
+def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
+    """cuda-keyring's entry is switched off (apt works, our key verifies the repository), and
+    unattended-upgrades, told to upgrade everything, leaves NVIDIA's packages alone although the
+    repository offers a newer NCCL."""
+    if "noble-image" in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped["noble-image"])
+    root = ubuntu.roots["noble-image"]
+    keyring_list = (root / "etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list").read_text()
+    assert not [line for line in keyring_list.splitlines() if line.strip().startswith("deb")], keyring_list
+    update = runner.in_root(root, "apt-get", "update", check=False)
+    assert update.returncode == 0 and "Conflicting" not in update.stderr, update.stderr
+    newer = f"{aptrepo.NEWER_NCCL[0]}+cuda{aptrepo.NEWER_NCCL[1]}"
+    assert newer in runner.in_root(root, "apt-cache", "madison", "libnccl2").stdout
+    dry = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            f"--mount-proc={root}/proc",
+            "chroot",
+            str(root),
+            "unattended-upgrade",
+            "--dry-run",
+            "--debug",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    )
+    said = dry.stdout + dry.stderr
+    # It read the role's blacklist and turned the newer NCCL down because of it.
+    assert "Initial blacklist: ^nvidia- ^libnvidia-" in said, said[-3000:]
+    assert re.search(r"^skipping blacklisted package libnccl", said, re.M), said[-3000:]
+    upgrades = re.findall(r"^Packages that will be upgraded: (.*)$", said, re.M)
+    touched = [
+        p
+        for line in upgrades
+        for p in line.split()
+        if p.startswith(("libnccl", "nvidia-", "cuda-", "libnvidia-"))
+    ]
+    assert touched == [], said[-3000:]
+    assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
 
 
 def test_venv_with_the_stand_in_torch(ubuntu, host):
@@ -194,10 +383,10 @@ def test_venv_with_the_stand_in_torch(ubuntu, host):
         "-c",
         "import sys, torch; print(torch.__version__, '%d.%d' % sys.version_info[:2])",
     )
-    assert probe.stdout.split() == ["2.13.0", CASES[host].python], probe.stderr
+    assert probe.stdout.split() == ["2.13.0", HOSTS[host].python], probe.stderr
     lock = (root / "opt/nodecert/requirements.lock").read_text()
     assert re.search(r"^torch==2\.13\.0$", lock, re.M)
-    if CASES[host].installs_project:
+    if HOSTS[host].installs_project:
         imports = runner.in_root(root, "/opt/nodecert/venv/bin/python", "-c", "import checks, trainer, numpy")
         assert imports.returncode == 0, imports.stderr
         assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
@@ -205,25 +394,36 @@ def test_venv_with_the_stand_in_torch(ubuntu, host):
         assert not re.search(r"^nodecert", lock, re.M)
 
 
-def test_jammy_python_too_old_for_this_project_is_named_early(
-    ubuntu, workdir, base_vars, chroot_wrapper, ansible_home
+def test_jammy_python_too_old_is_named_before_any_change(
+    ubuntu, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
 ):
-    """With the role's defaults (install this project) jammy's Python 3.10 fails the pytorch
-    role's preflight, naming the fix, before a venv or torch is touched."""
-    if "jammy" in ubuntu.skipped:
-        pytest.skip(ubuntu.skipped["jammy"])
+    """With the role's defaults (install this project) jammy's Python 3.10 fails the checks that
+    run on every node before any change, naming the fix."""
+    if "jammy-hgx" in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped["jammy-hgx"])
+    root = rootfs.unpack(
+        rootfs.cached_ubuntu_image(rootfs.UBUNTU_2204, CACHE, proxy.url, proxy.apt_config()),
+        workdir / "hosts" / "jammy-defaults",
+    )
+    rootfs.use_proxy(root, proxy.apt_config())
+    wheelhouse.link_into(
+        wheelhouse.cached_standin_wheelhouse(REPO, CACHE, "3.10", False), root, WHEELHOUSE_IN_HOST
+    )
+    runner.hgx_h100(root)
+    group_vars = {
+        **base_vars,
+        "cuda_toolkit_repo_url": nvidia_repo.url,
+        "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
+    }
     inventory = runner.write_inventory(
-        workdir / "ubuntu-jammy-defaults.yml", {"jammy": ubuntu.roots["jammy"]}, chroot_wrapper, base_vars
+        workdir / "ubuntu-jammy-defaults.yml", {"jammy": root}, chroot_wrapper, group_vars
     )
-    result = runner.run_playbook(
-        "provision.yml",
-        inventory,
-        ansible_home("ubuntu-jammy-defaults"),
-        "--tags",
-        "preflight,pytorch_preflight",
-    )
+    result = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu-jammy-defaults"))
     assert result.rc == 2, result
     message = result.failure("jammy")
-    expected = "/usr/bin/python3 on jammy is Python 3.10, but this project needs Python >= 3.11"
-    assert expected in message, result
+    assert "/usr/bin/python3 on jammy is Python 3.10, but this project needs Python >= 3.11" in message, (
+        result
+    )
     assert "pytorch_python" in message
+    assert not (root / "etc/apt/sources.list.d/nvidia-cuda.list").exists(), "changed before the checks failed"
+    assert "Check every node before changing any" in result.output

@@ -2,7 +2,11 @@
 
 Packages carry the real names the roles install (Ubuntu's -server driver packages, Canonical's
 precompiled module packages, cuda-toolkit-X-Y, libnccl2, nvidia-fabricmanager-<branch>...) but
-only stub files. The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
+only stub files. Two kinds: what only NVIDIA's CUDA repository ships (cuda-keyring, cuda-toolkit-X-Y,
+libnccl2/-dev, the unversioned nvidia-fabricmanager from 580, nvidia-driver-pinning-<branch>),
+and stand-ins for Canonical's packages (Ubuntu's restricted/multiverse) served from the same URL
+so that Debian 12 roots can play Ubuntu GPU nodes (those tests set preflight_gpu_distributions).
+The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
 with Packages, Release, InRelease and Release.gpg signed by a throwaway key made here.
 """
 
@@ -32,6 +36,13 @@ CUDA_VERSION = "12.8"
 CUDA_PATCH = "12.8.93"
 NCCL_VERSION = "2.26.2-1"
 NEWER_NCCL = ("2.27.3-1", "12.9")  # apt would take this one if the role did not pin
+# A kernel "installed but not running" (its /boot/vmlinuz planted by a test): modules exist for it.
+PENDING_KERNEL = "6.98.0-2-generic"
+# From branch 580 NVIDIA's repository names Fabric Manager nvidia-fabricmanager and only "provides"
+# nvidia-fabricmanager-<branch> ("Package nvidia-fabricmanager-580 is a virtual package provided by:
+# nvidia-fabricmanager 580.65.06-1", NVIDIA/gpu-driver-container#451). The stand-in has the
+# versioned name (Ubuntu's, multiverse) for 580 and only NVIDIA's unversioned one for 590.
+UNVERSIONED_FABRIC_MANAGER = ("590",)
 
 
 @dataclass
@@ -39,8 +50,9 @@ class Package:
     name: str
     version: str
     depends: list[str] = field(default_factory=list)
-    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path -> (content, mode)
+    files: dict[str, tuple[str | bytes, int]] = field(default_factory=dict)  # path -> (content, mode)
     architecture: str = "amd64"
+    provides: list[str] = field(default_factory=list)
 
 
 def _script(text: str) -> tuple[str, int]:
@@ -49,6 +61,7 @@ def _script(text: str) -> tuple[str, int]:
 
 def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[Package]:
     packages: list[Package] = []
+    kernels = (kernel_release, PENDING_KERNEL)
     for branch, version in DRIVER_VERSIONS.items():
         deb_version = f"{version}-0ubuntu1"
         exact = f"(= {deb_version})"
@@ -104,24 +117,30 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                         f"nvidia-dkms-{branch}-server{suffix} {exact}",
                     ],
                 ),
+            ]
+            packages += [
                 Package(
-                    f"linux-modules-nvidia-{branch}-server{suffix}-{kernel_release}",
+                    f"linux-modules-nvidia-{branch}-server{suffix}-{kernel}",
                     deb_version,
                     files={
-                        f"lib/modules/{kernel_release}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": (
+                        f"lib/modules/{kernel}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": (
                             "stand-in\n",
                             0o644,
                         )
                     },
-                ),
+                )
+                for kernel in kernels
             ]
         if int(branch) >= 590:
             packages.append(Package(f"nvidia-driver-pinning-{branch}", f"{version}-1", architecture="all"))
+        unversioned = branch in UNVERSIONED_FABRIC_MANAGER
         for fm_version in (version, OLDER_FABRIC_MANAGER[branch]):
+            deb = f"{fm_version}-1"
             packages.append(
                 Package(
-                    f"nvidia-fabricmanager-{branch}",
-                    f"{fm_version}-1",
+                    "nvidia-fabricmanager" if unversioned else f"nvidia-fabricmanager-{branch}",
+                    deb,
+                    provides=[f"nvidia-fabricmanager-{branch} (= {deb})"] if unversioned else [],
                     files={
                         "lib/systemd/system/nvidia-fabricmanager.service": (
                             textwrap.dedent("""\
@@ -143,6 +162,16 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                     },
                 )
             )
+            if not unversioned:  # Ubuntu's NSCQ next to Fabric Manager (multiverse)
+                packages.append(
+                    Package(
+                        f"libnvidia-nscq-{branch}",
+                        deb,
+                        files={
+                            f"usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.{fm_version}": ("stand-in\n", 0o644)
+                        },
+                    )
+                )
     dashed = CUDA_VERSION.replace(".", "-")
     packages += [
         Package(
@@ -158,8 +187,18 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
         Package(
             f"cuda-cudart-{dashed}",
             f"{CUDA_PATCH}-1",
+            depends=["cuda-toolkit-12-config-common"],
             files={
                 f"usr/local/cuda-{CUDA_VERSION}/lib64/libcudart.so.12": ("stand-in\n", 0o644),
+            },
+        ),
+        # Registers the toolkit's libraries with the dynamic linker, as NVIDIA's packages do.
+        Package(
+            "cuda-toolkit-12-config-common",
+            "12.8.90-1",
+            architecture="all",
+            files={
+                "etc/ld.so.conf.d/988_cuda-12.conf": ("/usr/local/cuda-12/targets/x86_64-linux/lib\n", 0o644)
             },
         ),
         Package(
@@ -200,12 +239,17 @@ def build_deb(package: Package, workdir: Path, outdir: Path) -> Path:
     ]
     if package.depends:
         control.append(f"Depends: {', '.join(package.depends)}")
+    if package.provides:
+        control.append(f"Provides: {', '.join(package.provides)}")
     control.append(f"Description: stand-in for {package.name} (nodecert e2e tests)")
     (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
     for rel, (content, mode) in package.files.items():
         path = tree / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
         path.chmod(mode)
     deb = outdir / f"{package.name}_{package.version.replace(':', '%3a')}_{package.architecture}.deb"
     subprocess.run(
@@ -256,6 +300,26 @@ class Gpg:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+def cuda_keyring(repo: StandInRepo, distribution: str, arch_dir: str = "x86_64") -> Package:
+    """NVIDIA's cuda-keyring 1.1-1 as cloud and vendor images ship it: the repository key in
+    /usr/share/keyrings/cuda-archive-keyring.gpg and a source entry for the repository that names
+    it (/etc/apt/sources.list.d/cuda-<distribution>-<arch>.list), here pointing at the stand-in.
+    Layout as in NVIDIA/cuda-repo-management#4 and the images that remove or rewrite that file."""
+    line = (
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        f"{repo.url}/{distribution}/{arch_dir}/ /\n"
+    )
+    return Package(
+        "cuda-keyring",
+        "1.1-1",
+        architecture="all",
+        files={
+            "usr/share/keyrings/cuda-archive-keyring.gpg": (repo.key_binary, 0o644),
+            f"etc/apt/sources.list.d/cuda-{distribution}-{arch_dir}.list": (line, 0o644),
+        },
+    )
+
+
 def _quiet_handler(directory: str):
     class Handler(http.server.SimpleHTTPRequestHandler):
         def log_message(self, format, *args):
@@ -273,6 +337,7 @@ class StandInRepo:
     key_checksum: str  # sha256:<hex> of the signing key file
     wrong_key_path: str  # URL path of another key, for the bad-signature case
     wrong_key_checksum: str
+    key_binary: bytes = b""  # the signing key, binary (what cuda-keyring installs)
     _server: http.server.ThreadingHTTPServer | None = None
 
     def key_url(self, distribution: str, arch: str = "x86_64") -> str:
@@ -285,12 +350,26 @@ class StandInRepo:
             self._server = None
 
 
-def build_and_serve(root: Path, kernel_release: str, architecture: str = "amd64") -> StandInRepo:
-    """Build the signed repository under root and serve it on a free port of 127.0.0.1."""
+def nvidia_only(package: Package) -> bool:
+    """What only NVIDIA's CUDA repository ships (the rest is in Ubuntu's archive)."""
+    return (
+        package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
+        or package.name == "nvidia-fabricmanager"
+    )
+
+
+def build_and_serve(
+    root: Path, kernel_release: str, architecture: str = "amd64", only_nvidia: bool = False
+) -> StandInRepo:
+    """Build the signed repository under root and serve it on a free port of 127.0.0.1.
+    only_nvidia: leave out the stand-ins of Canonical's packages (for roots that take those from
+    Ubuntu's archive)."""
     pool = root / "pool"
     pool.mkdir(parents=True)
     work = root / "build"
     for package in stand_in_packages(kernel_release, architecture):
+        if only_nvidia and not nvidia_only(package):
+            continue
         build_deb(package, work, pool)
     shutil.rmtree(work)
     subprocess.run(
@@ -316,6 +395,7 @@ def build_and_serve(root: Path, kernel_release: str, architecture: str = "amd64"
     try:
         signer.sign_release(pool)
         key = signer.export_armored()
+        key_binary = signer._gpg("--export").stdout
         wrong_key = stranger.export_armored()
     finally:
         signer.close()
@@ -341,6 +421,7 @@ def build_and_serve(root: Path, kernel_release: str, architecture: str = "amd64"
         key_checksum="sha256:" + hashlib.sha256(key).hexdigest(),
         wrong_key_path=f"{base}/wrong-key.pub",
         wrong_key_checksum="sha256:" + hashlib.sha256(wrong_key).hexdigest(),
+        key_binary=key_binary,
         _server=server,
     )
 

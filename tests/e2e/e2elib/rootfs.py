@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -135,6 +136,149 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
     )
     partial.rename(tarball)
     remove_root(work)
+
+
+# What a freshly installed Ubuntu cloud image has that debootstrap's minbase lacks: every component
+# (main restricted universe multiverse) in the release, -updates and -security pockets, its
+# packages upgraded, and a -generic kernel through its meta package linux-image-virtual (as cloud
+# images carry it).
+UBUNTU_IMAGE_RECIPE = "3"
+IMAGE_NOTE = "var/lib/nodecert-e2e/image"  # what the image got, for the tests (key=value lines)
+MODULES_FOR = "linux-modules-nvidia-580-server-open"  # the precompiled modules the tests install
+
+
+def ubuntu_sources(release: Release) -> tuple[str, str]:
+    """(path, content) of the apt sources an Ubuntu image of this release ships."""
+    suites = [release.suite, f"{release.suite}-updates", f"{release.suite}-security"]
+    components = "main restricted universe multiverse"
+    if release.suite == "jammy":
+        lines = [f"deb {release.mirror} {suite} {components}" for suite in suites]
+        return "etc/apt/sources.list", "\n".join(lines) + "\n"
+    return (
+        "etc/apt/sources.list.d/ubuntu.sources",
+        f"Types: deb\nURIs: {release.mirror}\nSuites: {' '.join(suites)}\nComponents: {components}\n"
+        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n",
+    )
+
+
+def newest_kernel_meta(release: Release, proxy_url: str) -> str:
+    """Version of linux-image-virtual in the release's -updates pocket (keys the image cache: a
+    new kernel in the archive makes a new image)."""
+    import lzma
+
+    url = f"{release.mirror.rstrip('/')}/dists/{release.suite}-updates/main/binary-amd64/Packages.xz"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url}))
+    with opener.open(url, timeout=60) as response:
+        text = lzma.decompress(response.read()).decode()
+    for stanza in text.split("\n\n"):
+        if stanza.startswith("Package: linux-image-virtual\n"):
+            return next(line.split(" ", 1)[1] for line in stanza.splitlines() if line.startswith("Version: "))
+    raise RuntimeError(f"no linux-image-virtual in {url}")
+
+
+def use_proxy(root: Path, apt_config: str) -> None:
+    (root / "etc/apt/apt.conf.d/00nodecert-e2e-proxy").write_text(apt_config)
+
+
+def image_note(root: Path) -> dict[str, str]:
+    path = root / IMAGE_NOTE
+    return dict(line.split("=", 1) for line in path.read_text().splitlines()) if path.exists() else {}
+
+
+def _chroot(work: Path, *command: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+    proc = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={work}/proc", "chroot", str(work), *command],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} in {work} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+    return proc
+
+
+def _fetchable(work: Path, *packages: str) -> str:
+    """'' when the mirror serves every .deb apt would fetch for these packages, else the first
+    URL it does not (mirrors lag: an index can name files the pool does not have yet)."""
+    uris = _chroot(work, "apt-get", "download", "--print-uris", *packages).stdout
+    for url in re.findall(r"^'(\S+)'", uris, re.M):
+        request = urllib.request.Request(url, method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{url}: {getattr(exc, 'code', exc)}"
+    return ""
+
+
+def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
+    """The packages that give the image its kernel, and the note: linux-image-virtual when the
+    mirror serves its kernel's NVIDIA modules and their -generic meta package, else the newest
+    -generic kernel whose modules it serves for the archive's current driver (no meta package)."""
+    meta = f"{MODULES_FOR}-generic"
+    newest = _chroot(work, "apt-cache", "depends", "--important", meta).stdout
+    kernel = re.search(rf"{MODULES_FOR}-(\d\S*-generic)", newest)
+    missing = (
+        _fetchable(
+            work, meta, *(f"{p}-{kernel.group(1)}" for p in (MODULES_FOR, "linux-image", "linux-modules"))
+        )
+        if kernel
+        else f"apt offers no {meta}"
+    )
+    if not missing:
+        return ["linux-image-virtual"], {"kernel": kernel.group(1), "meta": "yes"}
+    common = _chroot(work, "apt-cache", "policy", "nvidia-kernel-common-580-server").stdout
+    driver = re.search(r"Candidate: ([0-9.]+)-", common).group(1)
+    names = _chroot(work, "apt-cache", "pkgnames", f"{MODULES_FOR}-").stdout.split()
+    kernels = [
+        n.removeprefix(f"{MODULES_FOR}-") for n in names if re.fullmatch(rf"{MODULES_FOR}-\d\S*-generic", n)
+    ]
+    for candidate in sorted(kernels, key=lambda k: [int(x) for x in re.findall(r"\d+", k)], reverse=True):
+        shown = _chroot(work, "apt-cache", "show", "--no-all-versions", f"{MODULES_FOR}-{candidate}").stdout
+        if f"nvidia-kernel-common-580-server (>= {driver})" not in shown:
+            continue
+        if not _fetchable(work, *(f"{p}-{candidate}" for p in (MODULES_FOR, "linux-image", "linux-modules"))):
+            note = {"kernel": candidate, "meta": f"no: the mirror does not serve {missing}"}
+            return [f"linux-image-{candidate}"], note
+    raise RuntimeError(f"the mirror serves no {MODULES_FOR}-<kernel> for driver {driver}")
+
+
+def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_config: str) -> Path:
+    """A tarball of an Ubuntu root that looks like a fresh cloud image (sources and a kernel, see
+    _pick_kernel), built from the debootstrap root, keyed by the archive's current kernel."""
+    base = cached_tarball(release, cache_dir)
+    meta_version = newest_kernel_meta(release, proxy_url)
+    key = hashlib.sha256("\n".join([UBUNTU_IMAGE_RECIPE, base.name, meta_version]).encode()).hexdigest()[:12]
+    tarball = cache_dir / f"image-{release.name}-{key}.tar"
+    with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():
+            return tarball
+        work = unpack(base, tarball.with_suffix(".build"))
+        path, content = ubuntu_sources(release)
+        (work / "etc/apt/sources.list").write_text("")
+        (work / path).write_text(content)
+        use_proxy(work, apt_config)
+        _chroot(work, "apt-get", "update", "-q")
+        # Current, as a freshly published cloud image is (debootstrap took the release pocket).
+        _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
+        packages, note = _pick_kernel(work)
+        _chroot(work, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages)
+        _chroot(work, "apt-get", "clean")
+        _chroot(work, "apt-cache", "stats")
+        (work / IMAGE_NOTE).parent.mkdir(parents=True, exist_ok=True)
+        (work / IMAGE_NOTE).write_text("".join(f"{k}={v}\n" for k, v in note.items()))
+        (work / "etc/apt/apt.conf.d/00nodecert-e2e-proxy").unlink()
+        partial = tarball.with_suffix(".partial")
+        subprocess.run(
+            ["tar", "--numeric-owner", "--xattrs", "-C", str(work), "-cf", str(partial), "."], check=True
+        )
+        partial.rename(tarball)
+        remove_root(work)
+    return tarball
 
 
 def unpack(tarball: Path, dest: Path) -> Path:

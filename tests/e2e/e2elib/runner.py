@@ -163,10 +163,10 @@ def fake_secure_boot(root: Path, enabled: bool) -> None:
     (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(value)
 
 
-def hgx_h100(root: Path) -> None:
-    """An HGX H100 board: eight H100 SXM GPUs and four NVSwitches."""
+def hgx_h100(root: Path, gpu_id: str = "2330") -> None:
+    """An HGX H100 board: eight H100 SXM GPUs and four NVSwitches (gpu_id 2335: an HGX H200)."""
     for index in range(8):
-        fake_pci_device(root, f"0000:{0x18 + index * 0x10:02x}:00.0", "2330", "0x030200")
+        fake_pci_device(root, f"0000:{0x18 + index * 0x10:02x}:00.0", gpu_id, "0x030200")
     for index in range(4):
         fake_pci_device(root, f"0000:{0xC0 + index:02x}:00.0", "22a3", "0x068000")
 
@@ -203,3 +203,19 @@ def hold_dpkg_lock(root: Path) -> subprocess.Popen:
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     return holder
+
+
+def preinstall_deb(root: Path, deb: Path) -> None:
+    """Install a .deb into a root with dpkg, as an image would ship it, then refresh apt's lists
+    the way the image's first boot would (the lists then know the repository it added)."""
+    target = root / "tmp" / deb.name
+    target.write_bytes(deb.read_bytes())
+    in_root(root, "dpkg", "-i", f"/tmp/{deb.name}")
+    target.unlink()
+    in_root(root, "apt-get", "update", "-q")
+
+
+def plant_kernel(root: Path, release: str) -> None:
+    """A kernel image installed in the root's /boot (not the running kernel: a pending one)."""
+    (root / "boot").mkdir(exist_ok=True)
+    (root / "boot" / f"vmlinuz-{release}").write_text("stand-in kernel image\n")
