@@ -176,6 +176,17 @@ def _reboots(role_dir: Path) -> list[str]:
         for t in items:
             if _module(t)[0] in REBOOT_MODULES:
                 out.append(f"Task *{t.get('name')}* (tasks/{path.name}) reboots directly.")
+    # A role may only decide that its host needs a reboot (a `_<role>_reboot_needed` fact) and
+    # leave the reboot to the playbook, which rolls through the hosts one at a time.
+    fact = f"_{role_dir.name}_reboot_needed"
+    for path, items in tasks.items():
+        for t in items:
+            if fact in ((t.get("ansible.builtin.set_fact") or t.get("set_fact") or {}) or {}):
+                out.append(f"Reboot to load the NVIDIA driver: task *{t.get('name')}* "
+                           f"(tasks/{path.name}) sets `{fact}` when the loaded driver is not the "
+                           "installed one; playbooks/provision.yml then reboots those hosts one at "
+                           "a time and checks the driver loads before the next "
+                           "(playbooks/tasks/reboot-and-verify.yml).")
     return out
 
 
