@@ -64,7 +64,7 @@ def minimal_ddp_loop(env, cfg) -> float:  # type: ignore[no-untyped-def]
 
 def rank_program() -> int:
     """Runs on every rank of the side-by-side launch."""
-    from checks.dist.rank import Rank, run_rank
+    from checks.supervise.rank import Rank, run_rank
     from trainer import distenv
     from trainer.config import TrainConfig
     from trainer.jobs import ddp
@@ -87,10 +87,10 @@ def rank_program() -> int:
 
 def main() -> int:
     from checks import profiles
-    from checks.context import Context, Options
-    from checks.dist.launch import launch
     from checks.hw.linux import LinuxBackend
-    from checks.suite import acceptance
+    from checks.node.context import Context, Options
+    from checks.node.suite import acceptance
+    from checks.supervise.launch import launch
 
     ctx = Context(LinuxBackend(), profiles.load("generic"), Options())
     start = time.monotonic()

@@ -46,8 +46,8 @@ def rank_main(args: argparse.Namespace, rank: Any) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from checks.workloads import busbw
-    from checks.workloads.collective_rank import Collectives, _init
+    from checks.hw.measure import busbw
+    from checks.hw.measure.collective_rank import Collectives, _init
 
     device = _init(rank, "auto", 300)
     c = Collectives(rank, device)
@@ -90,7 +90,7 @@ def nccl_tests_peak(gpus: int, max_bytes: int) -> float | None:
 def supervise(args: argparse.Namespace) -> int:
     import torch
 
-    from checks.dist import launch
+    from checks.supervise import launch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     nproc = args.nproc or (gpus if gpus >= 2 else 2)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank:
-        from checks.dist.rank import run_rank
+        from checks.supervise.rank import run_rank
 
         return run_rank(lambda rank: rank_main(args, rank))
     return supervise(args)

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checks.dist.rank import Rank
-
-from .placement import Placement, place
+from checks.supervise.rank import Rank
+from trainer.placement import Placement, place
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Supervisor side: launch the ranks once for all selected jobs, collect one verdict per job.
 
-Built on checks.dist.launch (torchrun in its own session, heartbeats, hard timeout, whole-group
+Built on checks.supervise.launch (torchrun in its own session, heartbeats, hard timeout, whole-group
 SIGKILL, the failing rank named). A crash or hang inside a job fails that job, naming the rank and
 the job; the jobs it kept from running are relaunched so one broken job does not hide the others.
 
@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checks.dist.launch import LaunchOutcome, launch
-
-from .config import TrainConfig
-from .jobs import ORDER
-from .placement import choose_nproc
-from .report import FAIL, JobReport
-from .worker import job_file
+from checks.supervise.launch import LaunchOutcome, launch
+from trainer.config import TrainConfig
+from trainer.jobs import ORDER
+from trainer.placement import choose_nproc
+from trainer.report import FAIL, JobReport
+from trainer.worker import job_file
 
 TRACE_BUFFER = 2000  # collectives each rank's flight recorder keeps
 DUMP_PREFIX = "nccl-trace-rank-"  # + global rank: one dump file per rank

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checks.dist.rank import Rank, run_rank
-
-from . import distenv, jobs
-from .config import TrainConfig
+from checks.supervise.rank import Rank, run_rank
+from trainer import distenv, jobs
+from trainer.config import TrainConfig
 
 
 def job_file(workdir: Path, job: str, rank: int) -> Path:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .. import registry
+from checks.node import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = Path(__file__).with_name("faults.yaml")

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from checks.fleet.fleet_cli import main
 
 sys.exit(main())

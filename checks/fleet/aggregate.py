@@ -20,40 +20,20 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import profiles
-from ..model import Status
-from . import digest as digests_
-from . import figures as figs
-from . import load as loader
-from . import nvl72
-from . import stragglers as strag
-
-if TYPE_CHECKING:
-    from .drift import Drift
-    from .history import Lemon
+from checks import profiles
+from checks.fleet import digest_groups as digests_
+from checks.fleet import figures as figs
+from checks.fleet import load as loader
+from checks.fleet import nvl72
+from checks.fleet import stragglers as strag
+from checks.fleet.findings import Drift, HostEntry, Lemon
+from checks.model import Status
 
 SCHEMA_VERSION = "1.0"
 HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")
 PROBLEM_STATUSES = ("FAIL", "ERROR", "MISSING")
-
-
-@dataclass
-class HostEntry:
-    host: str
-    status: str
-    reason: str | None = None
-    hostname: str | None = None
-    profile: str | None = None
-    summary: dict[str, int] | None = None
-    problems: list[str] = field(default_factory=list)  # check ids with FAIL/ERROR/WARN results
-    report: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "reason": self.reason,
-                "hostname": self.hostname, "profile": self.profile, "summary": self.summary,
-                "problems": self.problems}
 
 
 @dataclass

@@ -21,16 +21,17 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import profiles
-from .figures import Figure, GpuRef, higher_is_better
-from .stragglers import deficit_pct
+from checks import profiles
+from checks.fleet.figures import Figure, higher_is_better
+from checks.fleet.findings import Drift
+from checks.fleet.stragglers import deficit_pct
 
 if TYPE_CHECKING:
-    from .aggregate import Fleet
-    from .history import History
+    from checks.fleet.aggregate import Fleet
+    from checks.fleet.history import History
 
 BASELINES = ("median", "first")
 
@@ -93,36 +94,6 @@ def rule_for(profile_name: str) -> Rule:
     except profiles.ProfileError:
         profile = profiles.load(profiles.GENERIC)
     return rule_from(profile)
-
-
-@dataclass(frozen=True)
-class Drift:
-    """One figure of one GPU (or host) judged against its own baseline in this run."""
-
-    host: str
-    check: str
-    name: str
-    gpu: GpuRef | None
-    value: float
-    baseline: float
-    baseline_kind: str  # "median" of the last runs, or "first" recorded value
-    runs: int  # earlier values the baseline came from
-    deficit_pct: float
-    warn_pct: float
-    fail_pct: float
-    status: str | None  # "FAIL", "WARN" or None (within limits)
-    series: tuple[float, ...] = field(default=(), compare=False)  # earlier values, then this run
-
-    @property
-    def key(self) -> str:
-        return self.gpu.uuid if self.gpu and self.gpu.uuid else f"host:{self.host}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "check": self.check, "name": self.name,
-                "gpu": self.gpu.to_dict() if self.gpu else None, "value": self.value,
-                "baseline": self.baseline, "baseline_kind": self.baseline_kind, "runs": self.runs,
-                "deficit_pct": round(self.deficit_pct, 2), "warn_pct": self.warn_pct,
-                "fail_pct": self.fail_pct, "status": self.status, "series": list(self.series)}
 
 
 def judge(fig: Figure, rule: Rule, earlier: list[float], first: float | None) -> Drift | None:

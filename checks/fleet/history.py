@@ -25,12 +25,12 @@ import contextlib
 import datetime as dt
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..model import Status
-from .aggregate import Fleet
+from checks.fleet.aggregate import Fleet
+from checks.fleet.findings import Lemon
+from checks.model import Status
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another run's transaction to finish
 DEFAULT_FAILURES = 2
@@ -96,22 +96,6 @@ SELECT lemon.gpu_uuid, failed_runs,
 FROM lemon JOIN runs ON runs.seq = lemon.last_seq
 ORDER BY failed_runs DESC, lemon.gpu_uuid
 """
-
-
-@dataclass(frozen=True)
-class Lemon:
-    uuid: str
-    failed_runs: int
-    seen_runs: int
-    window: int  # the M of "N of the last M runs"
-    hosts: tuple[str, ...]
-    checks: tuple[str, ...]
-    last_failed_run: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "failed_runs": self.failed_runs, "seen_runs": self.seen_runs,
-                "window": self.window, "hosts": list(self.hosts), "checks": list(self.checks),
-                "last_failed_run": self.last_failed_run}
 
 
 def _worst(a: str, b: str) -> str:

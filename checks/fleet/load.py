@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import report as report_schema
+from checks import report_schema
 
 FLEET_SCHEMA_NAME = "nodecert-fleet"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..model import Status
+from checks.model import Status
 
 JITTER = 0.02
 MATMUL_BF16_TFLOPS = 780.0
@@ -55,7 +55,7 @@ def host_name(i: int) -> str:
 
 def base_report(scenario: str = "h100-sxm-8x-healthy", level: str = "quick") -> dict[str, Any]:
     """A real report from the check suite run on a shipped scenario (in-process, ~0.1 s)."""
-    from .. import cli
+    from checks.node import node_cli as cli
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"

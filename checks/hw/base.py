@@ -253,7 +253,7 @@ class Backend(abc.ABC):
         """DMI product name (/sys/class/dmi/id/product_name), None when the firmware gives none."""
         return None
 
-    # --- RDMA fabric and GPUDirect (issue 11; checks/suite/fabric.py) ------------------------
+    # --- RDMA fabric and GPUDirect (issue 11; checks/node/suite/fabric.py) ------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
         """RDMA devices (/sys/class/infiniband); [] when there are none. HardwareError when the
         class directory exists but cannot be read."""
@@ -285,7 +285,7 @@ class Backend(abc.ABC):
     def workload(self, name: str, **params: Any) -> Any:
         """Run (or, for a scenario, look up) the measurement `name` and return its raw figures.
 
-        Names and result shapes: checks/workloads/local.py and docs/workload-checks.md.
+        Names and result shapes: checks/hw/measure/local.py and docs/workload-checks.md.
         Raises NotSupported when this backend cannot provide it.
         """
         raise NotSupported(f"workload {name!r} is not available on the {self.name} backend")

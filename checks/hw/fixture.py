@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .base import (
+from checks.hw.base import (
     GPU_FIELDS,
     Backend,
     GpuHandle,
@@ -200,7 +200,7 @@ def _kernel_sources(spec: dict[str, Any]) -> list[str]:
     the same fallback chain the real backend uses."""
     import subprocess
 
-    from . import kernlog
+    from checks.hw import kernel_log as kernlog
 
     def answer(kind: str) -> Any:
         value = spec.get(kind)
@@ -420,7 +420,7 @@ class FixtureBackend(Backend):
         """Scenario form: rdma: {devices: [{name, fw_ver, hca_type, pci_address, numa_node,
         pci_path, ports: [{port, state, phys_state, rate: "400 Gb/sec (4X NDR)", link_layer,
         gids: [{index, gid, type}], active_mtu, netdev, counters: {name: n}}]}]}."""
-        from .rdma import parse_rate
+        from checks.hw.rdma import parse_rate
 
         spec = _value(self.scenario.get("rdma") or {})
         devices = []
@@ -495,7 +495,7 @@ class FixtureBackend(Backend):
 
     def workload(self, name: str, **params: Any) -> Any:
         """The scenario's `measurements:` entry for `name`, in the shape a real run returns."""
-        from ..workloads import scenario
+        from checks.hw.measure import scenario
 
         # Measurements come from torch: only the GPUs torch sees (CUDA_VISIBLE_DEVICES).
         seen = self._torch_visible()

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import nvml as nvml_module
-from .base import Backend, HardwareError, Nvml, PciDevice, RdmaDevice, ShmInfo, TorchInfo
-from .torchview import read_torch
+from checks.hw import nvml as nvml_module
+from checks.hw.base import Backend, HardwareError, Nvml, PciDevice, RdmaDevice, ShmInfo, TorchInfo
+from checks.hw.torchview import read_torch
 
 SYS_PCI = Path("/sys/bus/pci/devices")
 EFI_VARS = Path("/sys/firmware/efi/efivars")
@@ -105,7 +105,7 @@ class LinuxBackend(Backend):
 
     def kernel_log(self) -> list[str]:
         # journalctl -k -b, then dmesg, then /dev/kmsg; the answer records which one replied.
-        from .kernlog import read_kernel_log
+        from checks.hw.kernel_log import read_kernel_log
 
         return read_kernel_log()
 
@@ -223,7 +223,7 @@ class LinuxBackend(Backend):
 
     # --- RDMA fabric and GPUDirect (issue 11) ----------------------------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
-        from . import rdma
+        from checks.hw import rdma
 
         return rdma.read_devices()
 
@@ -235,7 +235,7 @@ class LinuxBackend(Backend):
             return None
 
     def pci_acs_control(self, address: str) -> int | None:
-        from . import rdma
+        from checks.hw import rdma
 
         return rdma.read_acs(address, self._sys_pci)
 
@@ -255,7 +255,7 @@ class LinuxBackend(Backend):
 
     def workload(self, name: str, **params: Any) -> Any:
         """Real measurements: torch on the GPUs (or the CPU), torchrun for the collectives."""
-        from ..workloads import local  # torch is imported only when a workload check runs
+        from checks.hw.measure import local  # torch is imported only when a workload check runs
 
         return local.run(self, name, **params)
 

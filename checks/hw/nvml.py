@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .base import GpuHandle, GpuLost, HardwareError, NotSupported, Nvml, NvmlUnavailable
+from checks.hw.base import GpuHandle, GpuLost, HardwareError, NotSupported, Nvml, NvmlUnavailable
 
 # Seconds one NVML call may take before it is abandoned. Healthy calls take micro- to
 # milliseconds; nvmlInit on a large node can take seconds, so the bound is generous.

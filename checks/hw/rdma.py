@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .base import HardwareError, RdmaDevice, RdmaPort
+from checks.hw.base import HardwareError, RdmaDevice, RdmaPort
 
 SYS_IB = Path("/sys/class/infiniband")
 SYS_NET = Path("/sys/class/net")

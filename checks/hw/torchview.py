@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import TorchInfo
+from checks.hw.base import TorchInfo
 
 
 def read_torch() -> TorchInfo:

@@ -12,12 +12,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..fleet import svg
-from ..fleet.aggregate import Fleet, from_reports
-from ..fleet.fabric import summarise as fabric_rows
-from ..fleet.figures import Curve, Figure, higher_is_better
-from ..fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
+from checks import __version__
+from checks.fleet import svg
+from checks.fleet.aggregate import Fleet, from_reports
+from checks.fleet.fabric_summary import summarise as fabric_rows
+from checks.fleet.figures import Curve, Figure, higher_is_better
+from checks.fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
 
 COLORS = {"PASS": "#1a7f37", "WARN": "#bf8700", "FAIL": "#cf222e", "ERROR": "#8250df",
           "MISSING": "#6e7781", "SKIP": "#8c959f"}

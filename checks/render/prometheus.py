@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..model import Status
+from checks.model import Status
 
 if TYPE_CHECKING:
-    from ..fleet.aggregate import Fleet
+    from checks.fleet.aggregate import Fleet
 
 PREFIX = "nodecert"
 STATUSES = [s.value for s in Status]

@@ -1,4 +1,4 @@
-"""checks.dist.launch through torchrun with tests/dist/probe_rank.py: a clean run, and each
+"""checks.supervise.launch through torchrun with tests/dist/probe_rank.py: a clean run, and each
 injected fault named on the right rank, in bounded time, with no process left behind."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from checks.dist import launch, procs
-from checks.dist.rank import ENV_WORKDIR
+from checks.supervise import launch
+from checks.supervise import procs
+from checks.supervise.rank import ENV_WORKDIR
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from checks.fleet import aggregate, drift, history, synthetic
 from checks.fleet.synthetic import Slow
-from checks.workloads import reference
+from checks.hw.measure import reference
 
 GOOD = "3f6c0a9e51d2b7c4" + "0" * 48
 ODD = "a81e44f09b3c2d17" + "0" * 48

@@ -23,8 +23,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import cli as fleet_cli
-from checks.fleet import synthetic
+from checks.fleet import fleet_cli, synthetic
 from checks.fleet.synthetic import Broken
 
 NODE_EXPORTER = ("prometheus-node-exporter", "node_exporter")  # Debian's name, upstream's

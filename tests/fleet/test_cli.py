@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from checks.fleet import synthetic
-from checks.fleet.cli import main
+from checks.fleet.fleet_cli import main
 from checks.fleet.synthetic import Broken, Slow
 
 

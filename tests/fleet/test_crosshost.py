@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from checks import crosshost as node_cli
-from checks.dist.launch import free_port
-from checks.fleet import cli as fleet_cli
-from checks.fleet import crosshost
+from checks.fleet import crosshost_plan as crosshost
+from checks.fleet import fleet_cli
+from checks.node import crosshost_node as node_cli
+from checks.supervise.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def test_node_refuses_a_wildcard_endpoint(capsys: pytest.CaptureFixture[str]) ->
 
 def start_node(out: Path, host: str, rank: int, nnodes: int, port: int, stages: str,
                extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "checks.crosshost", "node", "--nnodes", str(nnodes),
+    cmd = [sys.executable, "-m", "checks.node.crosshost_node", "node", "--nnodes", str(nnodes),
            "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
            "--group", "r0g0", "--host", host, "--stages", stages, "--json", str(out / f"{host}.json"),
            "--stall", "6", "--timeout", "120", "--join-timeout", "15"]

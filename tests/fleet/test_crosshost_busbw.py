@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from checks import crosshost as node_cli
-from checks.fleet import crosshost
+from checks.fleet import crosshost_plan as crosshost
+from checks.node import crosshost_node as node_cli
 
 
 def report(status: str, busbw: float | None = None, rendezvous: str | None = None,
@@ -176,7 +176,7 @@ def _own_address() -> str | None:
 
 
 def test_leader_is_told_to_host_the_rendezvous_only_on_its_own_address() -> None:
-    from checks.dist import launch
+    from checks.supervise import launch
 
     def conf(endpoint: str) -> str:
         cmd = launch.torchrun_command("m", [], nproc=1, nnodes=2, rdzv_endpoint=endpoint,

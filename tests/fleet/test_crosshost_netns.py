@@ -1,5 +1,5 @@
 """The cross-host stage over real links: every host a network namespace with its own address on
-a bridge the test makes (tests/netlab.py), the real `python -m checks.crosshost node` on each,
+a bridge the test makes (tests/netlab.py), the real `python -m checks.node.crosshost_node node` on each,
 then the controller's merge and analysis (`checks.fleet report`), with links broken in the
 kernel: a host rate-limited with tc tbf, a host whose link is down, a host blackholing the
 rendezvous address, a multi-homed host whose hostname resolves to an interface that reaches no
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importlib mode: 
 
 from netlab import NetLab, missing_tools
 
-from checks.fleet import cli as fleet_cli
-from checks.fleet import crosshost
+from checks.fleet import crosshost_plan as crosshost
+from checks.fleet import fleet_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # Joining includes torch's start-up in torchrun and in the rank: with four nodes starting at once
@@ -86,7 +86,7 @@ def run_stage(lab: NetLab, tmp: Path, mode: str, ifname: dict[str, str] | None =
         for group in groups:
             (cross / group["id"]).mkdir()
             for rank, host in enumerate(group["hosts"]):
-                cmd = [sys.executable, "-m", "checks.crosshost", "node",
+                cmd = [sys.executable, "-m", "checks.node.crosshost_node", "node",
                        "--nnodes", str(len(group["hosts"])), "--node-rank", str(rank),
                        "--rdzv-endpoint", group["endpoint"], "--rdzv-id", group["rdzv_id"],
                        "--group", group["id"], "--host", host, "--stages", "collective",
@@ -192,7 +192,7 @@ def test_multihomed_leader_hosts_the_rendezvous(lab: NetLab, tmp_path: Path) -> 
     """h1 has a second interface, mgmt0: its default route, on a bridge of its own (it reaches no
     other host), and h1's hostname resolves to it. h1 leads the group (the rendezvous is at its
     data0 address). torchrun guesses from the hostname whether to host the rendezvous and guessed
-    wrong here (before checks.dist.launch passed is_host, every node waited out its join
+    wrong here (before checks.supervise.launch passed is_host, every node waited out its join
     timeout). The group passes without --ifname and with --ifname data0.
 
     Not asserted: a failure named without --ifname, or with --ifname mgmt0. gloo (torch 2.13)

@@ -13,9 +13,11 @@ import jsonschema
 import pytest
 import yaml
 
-from checks import cli as node_cli
-from checks.fleet import aggregate, cli, digest, synthetic
-from checks.workloads import reference
+from checks.fleet import aggregate, synthetic
+from checks.fleet import digest_groups as digest
+from checks.fleet import fleet_cli as cli
+from checks.hw.measure import reference
+from checks.node import node_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "9" * 64
@@ -97,7 +99,7 @@ def test_another_process_computes_the_same_bits() -> None:
     """The full reference, in this process and in a measurement child (isolate.py)."""
     torch = pytest.importorskip("torch")
     here = reference.compute(torch.device("cpu"), reference.REFERENCE_CPU)
-    child = subprocess.run([sys.executable, "-m", "checks.workloads.isolate", "digest", "-"],
+    child = subprocess.run([sys.executable, "-m", "checks.hw.measure.isolate_child", "digest", "-"],
                            input='{"device": "cpu"}', capture_output=True, text=True, timeout=300,
                            cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert child.returncode == 0, child.stdout + child.stderr
@@ -110,7 +112,7 @@ def test_another_process_computes_the_same_bits() -> None:
 
 def _with_digests(report: dict[str, Any], digests: dict[int, str], *, default: str = GOOD,
                   driver: str | None = None) -> dict[str, Any]:
-    """Append a reference-digest check the way checks/suite/digest.py publishes it."""
+    """Append a reference-digest check the way checks/node/suite/digest.py publishes it."""
     devices = {}
     for chk in report["checks"]:
         for r in chk["results"]:

@@ -17,7 +17,8 @@ import jsonschema
 import pytest
 
 from checks import profiles
-from checks.fleet import aggregate, cli, drift, history, synthetic
+from checks.fleet import aggregate, drift, history, synthetic
+from checks.fleet import fleet_cli as cli
 from checks.fleet.figures import Figure, GpuRef
 from checks.fleet.synthetic import Slow
 

@@ -12,8 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from checks.fleet import aggregate, nvl72
-from checks.fleet import cli as fleet_cli
+from checks.fleet import aggregate, fleet_cli, nvl72
 from checks.fleet.synthetic import base_report
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from checks import cli
+from checks.node import node_cli as cli
 
 
 @pytest.fixture

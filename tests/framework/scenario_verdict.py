@@ -1,4 +1,4 @@
-"""Shared by test_field_corpus and test_node_types: run a scenario through `checks.cli.main` and
+"""Shared by test_field_corpus and test_node_types: run a scenario through `checks.node.node_cli.main` and
 compare the JSON report with an expected verdict (status per check id, device per fault)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import jsonschema
 
-from checks import cli
-from checks.report import schema
+from checks.node import node_cli as cli
+from checks.report_schema import schema
 
 OK = frozenset({"PASS", "SKIP"})
 

@@ -11,13 +11,13 @@ import jsonschema
 import pytest
 
 from checks import profiles
-from checks.context import Context, Options
 from checks.hw import linux
 from checks.hw.base import Backend
 from checks.hw.fixture import FixtureBackend, ScenarioError, load_scenario
 from checks.model import Status
-from checks.report import schema
-from checks.suite import blackwell
+from checks.node.context import Context, Options
+from checks.node.suite import blackwell
+from checks.report_schema import schema
 
 BLACKWELL = ["b200", "b300", "gb200-nvl72", "gb300-nvl72"]
 

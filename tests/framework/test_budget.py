@@ -9,8 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from checks import budget, cli, registry
 from checks.fleet import slurm
+from checks.node import budget, registry
+from checks.node import node_cli as cli
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "checks/schema/report.schema.json").read_text())
 QUICK = [c.id for c in registry.select("quick")]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from checks import cli
+from checks.node import node_cli as cli
 
 
 def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:

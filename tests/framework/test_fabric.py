@@ -1,4 +1,4 @@
-"""Multi-node readiness checks (checks/suite/fabric.py) through the CLI on the fabric-* scenarios,
+"""Multi-node readiness checks (checks/node/suite/fabric.py) through the CLI on the fabric-* scenarios,
 unit cases on in-memory scenarios, and the sysfs reader (checks/hw/rdma.py) on a fake tree."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from checks.context import Context, Options
 from checks.hw import rdma
 from checks.hw.base import HardwareError
 from checks.hw.fixture import FixtureBackend, load_scenario
 from checks.model import Status
+from checks.node.context import Context, Options
+from checks.node.suite import fabric
 from checks.profiles import load
-from checks.suite import fabric
 
 FABRIC = ("rdma-ports", "rdma-firmware", "rdma-counters", "rdma-rails", "gpudirect-rdma",
           "pcie-acs", "nccl-env")
@@ -411,7 +411,7 @@ def test_fleet_shows_rails_and_transports_per_host(run_cli, tmp_path: Path) -> N
 
     from rich.console import Console
 
-    from checks.fleet import terminal
+    from checks.fleet import fleet_terminal as terminal
     from checks.fleet.aggregate import from_reports
     from checks.render import html
 

@@ -3,7 +3,7 @@
 Each `field-*` scenario is a machine someone reported (nvidia-smi output, kernel log, health-check
 failure); its description cites the report. Each case states, per check id, the status the
 suite must give (every check not named must PASS or SKIP) and, for faults, the PCI address the
-result must name. Run through the public entry point (`checks.cli.main`) and read from the JSON
+result must name. Run through the public entry point (`checks.node.node_cli.main`) and read from the JSON
 report. Sources and what each scenario shows: docs/scenarios.md.
 """
 

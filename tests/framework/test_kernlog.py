@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from checks import profiles, registry, runner
-from checks.context import Context, Options
-from checks.hw import kernlog
+from checks import profiles
+from checks.hw import kernel_log as kernlog
 from checks.hw.base import HardwareError
 from checks.hw.fixture import FixtureBackend, load_scenario
 from checks.hw.linux import LinuxBackend
-from checks.suite import kernlog as scan
+from checks.node import registry, runner
+from checks.node.context import Context, Options
+from checks.node.suite import kernel_errors as scan
 
 # --- reading: the fallback chain --------------------------------------------------------------
 

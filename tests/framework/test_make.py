@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
-from checks.report import schema
+from checks.report_schema import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 

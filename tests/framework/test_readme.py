@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import re
 
-from checks import catalog
+from checks.docgen import catalog
 from checks.hw.fixture import shipped
 
 
 def test_check_catalogue_is_current() -> None:
     text = catalog.CHECKS_DOC.read_text()
-    assert catalog.embed(text) == text, "run: python -m checks.catalog --write"
+    assert catalog.embed(text) == text, "run: python -m checks.docgen.catalog --write"
 
 
 def test_scenario_list_is_current_and_complete() -> None:
     text = catalog.SCENARIOS_DOC.read_text()
     fresh = catalog.embed(text, catalog.SCENARIOS_BEGIN, catalog.SCENARIOS_END,
                           catalog.scenarios_markdown())
-    assert fresh == text, "run: python -m checks.catalog --write"
+    assert fresh == text, "run: python -m checks.docgen.catalog --write"
     missing = [s for s in shipped() if f"`{s}`" not in text]
     assert not missing, f"scenarios missing from docs/scenarios.md: {missing}"
 

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import yaml
 
-from checks import cli, record
 from checks.hw.base import (
     GPU_FIELDS,
     Backend,
@@ -32,6 +31,8 @@ from checks.hw.base import (
     PciDevice,
 )
 from checks.hw.fixture import FixtureBackend, load_scenario, shipped
+from checks.node import node_cli as cli
+from checks.node import record
 
 # Checks whose value moves on its own between two reads of a live GPU (not a hardware fact).
 VOLATILE = {"gpu-temperature", "clock-throttle"}

@@ -7,7 +7,7 @@ import copy
 import jsonschema
 import pytest
 
-from checks.report import SCHEMA_VERSION, recorded_environment, schema
+from checks.report_schema import SCHEMA_VERSION, recorded_environment, schema
 
 
 def test_schema_is_a_valid_json_schema() -> None:

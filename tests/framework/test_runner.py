@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from checks import registry, runner
-from checks.context import Context, Options
 from checks.hw.fixture import FixtureBackend, load_scenario
 from checks.model import Result, Status, fail, passed
+from checks.node import registry, runner
+from checks.node.context import Context, Options
 from checks.profiles import load
 
 

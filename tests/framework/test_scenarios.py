@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 
 from checks.hw.fixture import shipped
-from checks.report import schema
+from checks.report_schema import schema
 
 
 def statuses(report: dict) -> dict[str, str]:
@@ -110,7 +110,7 @@ def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
     assert st["shm-size"] == "PASS" and st["os-supported"] == "PASS"
     reasons = {c["results"][0]["message"] for c in report["checks"] if c["status"] == "SKIP"}
     # The fabric checks (issue 11) skip for their own reason: no RDMA device on this host.
-    from checks.suite.fabric import NO_RDMA
+    from checks.node.suite.fabric import NO_RDMA
 
     assert reasons == {"no NVIDIA device on the PCI bus", NO_RDMA}
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import registry
 from checks.docgen import faults as gen
+from checks.node import registry
 
 FIX = "run: python -m checks.docgen.faults --write"
 

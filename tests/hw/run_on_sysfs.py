@@ -23,9 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not root.is_dir():
         print(f"error: {root} is not a directory", file=sys.stderr)
         return 2
-    from checks import cli
     from checks.hw.base import Backend
     from checks.hw.linux import LinuxBackend
+    from checks.node import node_cli as cli
 
     scenario_backend = cli.make_backend
 

@@ -1,4 +1,4 @@
-"""The quick-level suite through checks.cli.main, reading the GPUs through the real
+"""The quick-level suite through checks.node.node_cli.main, reading the GPUs through the real
 checks/hw/nvml.py and pynvml over the fake C library, and the PCI bus from a fake sysfs tree.
 
 The rest of the host (driver module, torch, services, kernel log) is answered by the backend
@@ -16,9 +16,9 @@ import pynvml as n
 import pytest
 from fakenvml import FakeFabric, FakeGpu, FakeNvmlLibrary
 
-from checks import cli
 from checks.hw.base import TorchInfo
 from checks.hw.linux import LinuxBackend
+from checks.node import node_cli as cli
 
 DRIVER = "580.65.06"
 ADDRESSES = ("0000:18:00.0", "0000:2a:00.0")

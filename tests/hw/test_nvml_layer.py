@@ -11,10 +11,10 @@ import pynvml as n
 import pytest
 from fakenvml import HANG, FakeFabric, FakeGpu, FakeNvmlLibrary
 
-from checks.context import Context, Options
 from checks.hw import nvml
 from checks.hw.base import GPU_FIELDS, GpuLost, HardwareError, NotSupported, NvmlUnavailable
 from checks.hw.linux import LinuxBackend
+from checks.node.context import Context, Options
 from checks.profiles import load as load_profile
 
 UNC, COR = n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_MEMORY_ERROR_TYPE_CORRECTED

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from checks import profiles
-from checks.context import Context, Options
 from checks.hw.base import PciDevice
 from checks.hw.fixture import FixtureBackend, load_scenario
-from checks.suite import acceptance
-from trainer import cli, launcher
+from checks.node.context import Context, Options
+from checks.node.suite import acceptance
+from trainer import launcher
+from trainer import trainer_cli as cli
 from trainer.config import TrainConfig
 from trainer.distenv import DistEnv
 from trainer.jobs import hybrid, pipeline, single

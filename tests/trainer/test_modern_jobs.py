@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from checks import profiles
-from checks.context import Context, Options
 from checks.hw.linux import LinuxBackend
+from checks.node.context import Context, Options
+from checks.node.suite import acceptance
 from checks.profiles import Profile
-from checks.suite import acceptance
-from trainer import cli
+from trainer import trainer_cli as cli
 from trainer.config import TrainConfig
 from trainer.jobs import MODERN, ORDER, common, fsdp, throughput
 from trainer.jobs import compile as compile_job

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from checks import profiles
-from checks.context import Context, Options
-from checks.dist.launch import free_port
-from checks.dist.rank import ENV_WORKDIR
 from checks.hw.linux import LinuxBackend
-from checks.suite import acceptance
-from trainer import cli
+from checks.node.context import Context, Options
+from checks.node.suite import acceptance
+from checks.supervise.launch import free_port
+from checks.supervise.rank import ENV_WORKDIR
+from trainer import trainer_cli as cli
 from trainer.config import TrainConfig
 from trainer.launcher import SuiteOutcome, run_ddp_multinode, run_jobs
 

@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from checks import profiles
-from checks.context import Context, Options
 from checks.hw.fixture import FixtureBackend
-from checks.suite import acceptance
-from trainer import cli
+from checks.node.context import Context, Options
+from checks.node.suite import acceptance
+from trainer import trainer_cli as cli
 from trainer.config import CONTROLS, TrainConfig
 from trainer.data import TeacherDataset, dataset_size, epoch_indices, global_batches
 from trainer.report import FAIL, PASS, JobReport, compare, identical
@@ -123,7 +123,7 @@ def test_acceptance_dp_skips_on_this_host_without_launching() -> None:
 
 
 def test_acceptance_checks_are_registered() -> None:
-    from checks import registry
+    from checks.node import registry
 
     registry.load_all()
     codes = {cid: registry.REGISTRY[cid] for cid in (f"train-{j}" for j in acceptance.JOBS)}

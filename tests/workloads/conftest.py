@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from checks import cli
+from checks.node import node_cli as cli
 
 RunCli = Callable[..., tuple[int, dict[str, Any] | None]]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from checks.suite.burnin import clock_problems, load_samples
+from checks.node.suite.burnin import clock_problems, load_samples
 
 
 @pytest.mark.parametrize("clock,fails,warns", [
@@ -100,9 +100,9 @@ def test_no_nvml_sample_under_load_is_an_error_never_a_pass(run_cli: Any) -> Non
 def test_sampler_failures_without_gpu_rows_are_named() -> None:
     # What burn.py records when the sampler itself raises: rows with only "t" and "error".
     from checks import profiles
-    from checks.context import Context, Options
     from checks.hw.fixture import FixtureBackend
-    from checks.suite.burnin import burn_in
+    from checks.node.context import Context, Options
+    from checks.node.suite.burnin import burn_in
 
     class SamplerBroke(FixtureBackend):
         def workload(self, name: str, **params: Any) -> Any:

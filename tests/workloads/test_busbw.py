@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.workloads import busbw
+from checks.hw.measure import busbw
 
 
 @pytest.mark.parametrize("op,n,factor", [

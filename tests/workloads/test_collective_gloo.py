@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from checks.dist import procs
-from checks.dist.rank import ENV_WORKDIR
-from checks.suite.collective import judge_collectives
-from checks.workloads import busbw, collective
+from checks.hw.measure import busbw
+from checks.hw.measure import collective_run as collective
+from checks.node.suite.collective import judge_collectives
+from checks.supervise import procs
+from checks.supervise.rank import ENV_WORKDIR
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 import torch
 
+from checks.hw.measure import burn
+from checks.hw.measure import compute_run as compute
 from checks.model import Status
-from checks.suite.burnin import majority_digest, sample_problems
-from checks.suite.compute import judge_per_gpu
-from checks.suite.p2p import judge_p2p
-from checks.workloads import burn, compute, rules
+from checks.node import rules
+from checks.node.suite.burnin import majority_digest, sample_problems
+from checks.node.suite.compute import judge_per_gpu
+from checks.node.suite.p2p import judge_p2p
 
 
 def test_cpu_matmul_and_copy_report_positive_figures() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from checks.hw.fixture import FixtureBackend
-from checks.workloads import local
+from checks.hw.measure import local
 
 WORKLOAD = ["nccl-allreduce", "p2p-bandwidth", "gpu-matmul", "gpu-membw", "dataloader-scaling",
             "burn-in"]
@@ -71,8 +71,8 @@ def test_prohibited_gpu_is_never_handed_to_the_measurement() -> None:
             return super().workload(name, **params)
 
     from checks import profiles
-    from checks.context import Context, Options
-    from checks.suite.compute import gpu_matmul
+    from checks.node.context import Context, Options
+    from checks.node.suite.compute import gpu_matmul
 
     ctx = Context(Spy.from_file("workload-compute-prohibited"), profiles.load("h100-sxm"),
                   Options())
@@ -102,7 +102,7 @@ def test_every_cuda_measurement_runs_outside_the_supervisor(name: str, params: d
 
 def test_local_run_routes_gpu_work_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     from checks.hw.linux import LinuxBackend
-    from checks.workloads import isolate
+    from checks.hw.measure import isolate
 
     calls: list[tuple[str, dict[str, Any], float]] = []
     monkeypatch.setattr(isolate, "run_child", lambda name, params, timeout_s: calls.append(

@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from checks.dist import procs
+from checks.hw.measure import dataloader_run as dataloader
 from checks.model import Status
-from checks.suite.dataloader import (
+from checks.node.suite.dataloader import (
     judge_scaling,
     judge_shm,
     judge_worker_death,
     judge_workers,
     scaling_counts,
 )
-from checks.workloads import dataloader
+from checks.supervise import procs
 
 
 def test_fork_workers_deliver_every_index_once_and_persist() -> None:

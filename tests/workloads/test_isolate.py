@@ -11,7 +11,7 @@ import time
 import pytest
 
 from checks.hw.base import HardwareError, NotSupported
-from checks.workloads import isolate
+from checks.hw.measure import isolate, isolate_child
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +44,13 @@ def test_unknown_measurement_and_bad_input_in_the_child(monkeypatch: pytest.Monk
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
-    assert isolate.main(["no_such_workload", "-"]) == 1
+    assert isolate_child.main(["no_such_workload", "-"]) == 1
     assert json.loads(capsys.readouterr().out) == {
         "error": "unknown workload 'no_such_workload'", "kind": "not_supported"}
     monkeypatch.setattr("sys.stdin", io.StringIO("[1, 2]"))
-    assert isolate.main(["matmul", "-"]) == 1
+    assert isolate_child.main(["matmul", "-"]) == 1
     assert "parameters must be a JSON object" in capsys.readouterr().out
-    assert isolate.main(["matmul"]) == 2
+    assert isolate_child.main(["matmul"]) == 2
     assert "usage:" in capsys.readouterr().err
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from checks.hw.measure import nccl_log
+from checks.hw.measure.nccl_log import NcclLog, parse, parse_file
 from checks.model import Status
-from checks.suite.fabric import TransportExpectation, judge_transport
-from checks.workloads import nccl_log
-from checks.workloads.nccl_log import NcclLog, parse, parse_file
+from checks.node.suite.fabric import TransportExpectation, judge_transport
 
 LOGS = Path(__file__).parent / "nccl_logs"
 IB_UP = ("mlx5_0:1", "mlx5_1:1")
@@ -200,8 +200,8 @@ def test_capture_reads_the_launch_log_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_cross_host_stage_fails_a_finished_run_that_used_sockets() -> None:
-    from checks.crosshost import transport_verdict
     from checks.model import passed
+    from checks.node.crosshost_node import transport_verdict
 
     result = transport_verdict(passed("4 ranks nccl: exact; busbw 21 GB/s"),
                                log("socket-forced-2.11.4-nccl676.log"), IB_UP)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from checks.model import Status
-from checks.suite.p2p import judge_p2p
-from checks.workloads import rules, topology
-from checks.workloads.topology import GpuPlace
+from checks.node import rules, topology
+from checks.node.suite.p2p import judge_p2p
+from checks.node.topology import GpuPlace
 
 SW0 = ("0000:16:02.0", "0000:17:00.0", "0000:18:00.0")
 SW0B = ("0000:16:02.0", "0000:17:00.0", "0000:18:04.0")

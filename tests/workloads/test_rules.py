@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.workloads import rules
+from checks.node import rules
 
 HEALTHY = {0: 788.1, 1: 779.5, 2: 792.6, 3: 775.2, 4: 784.9, 5: 790.3, 6: 770.8, 7: 786.0}
 

@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from checks.report import schema
+from checks.report_schema import schema
 
 WORKLOAD_IDS = {"nccl-allreduce", "p2p-bandwidth", "gpu-matmul", "gpu-membw",
                 "dataloader-workers", "dataloader-shm", "dataloader-scaling",

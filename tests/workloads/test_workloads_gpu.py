@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from checks.hw.linux import LinuxBackend
-from checks.suite.collective import judge_collectives
-from checks.workloads import burn, collective, compute, dataloader, local
+from checks.hw.measure import burn, local
+from checks.hw.measure import collective_run as collective
+from checks.hw.measure import compute_run as compute
+from checks.hw.measure import dataloader_run as dataloader
+from checks.node.suite.collective import judge_collectives
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -71,7 +74,7 @@ def test_cpu_and_gpu_burn_share_the_comparison() -> None:
 SUPERVISOR = """
 import os, pynvml
 from checks.hw.linux import LinuxBackend
-from checks.workloads import local
+from checks.hw.measure import local
 hw = LinuxBackend()
 assert hw.torch().cuda_available
 local.run(hw, "matmul", device="cuda", dtypes=["fp32"], n=512, min_time_s=0.01)

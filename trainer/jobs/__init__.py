@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
-    from ..distenv import DistEnv
-    from ..report import JobReport
+    from trainer.config import TrainConfig
+    from trainer.distenv import DistEnv
+    from trainer.report import JobReport
 
 # Jobs of what training runs today (FSDP2, tensor parallel, bf16, compile, ...): imported only when
 # selected, each pulls in more of torch.distributed.
@@ -22,7 +22,7 @@ ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
 
 def get(name: str) -> JobFn:
     """The job's `run(env, cfg)`: returns the verdict on rank 0, None on the other ranks."""
-    from . import ddp, dp, hybrid, localize, pipeline, single, syncbn
+    from trainer.jobs import ddp, dp, hybrid, localize, pipeline, single, syncbn
 
     modules = {"dp": dp, "ddp": ddp, "pipeline": pipeline, "hybrid": hybrid, "syncbn": syncbn,
                "single": single, "localize": localize}

@@ -17,11 +17,11 @@ import gc
 
 import torch
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import mlp, params_of, unwrap_names
-from ..report import JobReport, identical
-from . import common
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs import common
+from trainer.models import mlp, params_of, unwrap_names
+from trainer.report import JobReport, identical
 
 NAME = "bf16"
 

@@ -27,11 +27,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import mlp, params_of, unwrap_names
-from ..report import JobReport, compare, identical
-from . import common, fsdp
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs import common, fsdp
+from trainer.models import mlp, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical
 
 NAME = "ckpt"
 

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..data import TeacherDataset
-from ..distenv import DistEnv
-from ..models import D_IN, D_OUT
-from ..report import Comparison, compare
+from trainer.data import TeacherDataset
+from trainer.distenv import DistEnv
+from trainer.models import D_IN, D_OUT
+from trainer.report import Comparison, compare
 
 # Loss-curve comparisons for bf16 (autocast, FSDP mixed precision) run this many steps at this
 # learning rate: the band below was calibrated there (docs/trainer.md, "Calibrated bands").

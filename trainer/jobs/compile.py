@@ -21,11 +21,11 @@ import shutil
 
 import torch
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import mlp, params_of, unwrap_names
-from ..report import JobReport, compare, identical
-from . import common
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs import common
+from trainer.models import mlp, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical
 
 NAME = "compile"
 # Compiled vs eager fp32 after 20 steps: measured max abs 6e-8 on CPU (inductor and aot_eager,

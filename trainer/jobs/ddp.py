@@ -23,11 +23,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..config import TrainConfig
-from ..data import TeacherDataset, dataset_size, global_batches
-from ..distenv import DistEnv, StepTimer, training_steps
-from ..models import mlp, params_of, unwrap_names
-from ..report import JobReport, compare, identical, throughput
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset, dataset_size, global_batches
+from trainer.distenv import DistEnv, StepTimer, training_steps
+from trainer.models import mlp, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical, throughput
 
 NAME = "ddp"
 

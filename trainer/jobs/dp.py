@@ -15,11 +15,11 @@ import copy
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..data import TeacherDataset
-from ..distenv import DistEnv, StepTimer
-from ..models import mlp, params_of, unwrap_names
-from ..report import SKIP, JobReport, compare
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset
+from trainer.distenv import DistEnv, StepTimer
+from trainer.models import mlp, params_of, unwrap_names
+from trainer.report import SKIP, JobReport, compare
 
 NAME = "dp"
 

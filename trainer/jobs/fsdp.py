@@ -24,11 +24,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import mlp
-from ..report import Comparison, JobReport, compare, identical
-from . import common
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs import common
+from trainer.models import mlp
+from trainer.report import Comparison, JobReport, compare, identical
 
 NAME = "fsdp"
 

@@ -32,12 +32,12 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..config import TrainConfig
-from ..data import TeacherDataset, dataset_size, global_batches
-from ..distenv import DistEnv, StepTimer, training_steps
-from ..models import D_IN, D_OUT, mlp_blocks, params_of, unwrap_names
-from ..report import JobReport, compare, identical
-from .pipeline import NO_P2P, static_stage
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset, dataset_size, global_batches
+from trainer.distenv import DistEnv, StepTimer, training_steps
+from trainer.jobs.pipeline import NO_P2P, static_stage
+from trainer.models import D_IN, D_OUT, mlp_blocks, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical
 
 NAME = "hybrid"
 STAGES = 2

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..config import TrainConfig
-from ..data import TeacherDataset, dataset_size, global_batches
-from ..distenv import DistEnv, StepTimer, training_steps
-from ..models import D_IN, D_OUT, mlp, params_of, unwrap_names
-from ..report import JobReport, compare, identical
-from . import common
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset, dataset_size, global_batches
+from trainer.distenv import DistEnv, StepTimer, training_steps
+from trainer.jobs import common
+from trainer.models import D_IN, D_OUT, mlp, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical
 
 NAME = "loader"
 WORKERS = 2

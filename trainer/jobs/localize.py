@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import D_IN, D_OUT, mlp
-from ..report import FAIL, PASS, SKIP, Comparison, JobReport, compare, identical
-from .single import BATCH_FACTOR, U32, describe, device_identity, flip_bit, longest_sum, tolerance
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs.single import BATCH_FACTOR, U32, describe, device_identity, flip_bit, longest_sum, tolerance
+from trainer.models import D_IN, D_OUT, mlp
+from trainer.report import FAIL, PASS, SKIP, Comparison, JobReport, compare, identical
 
 NAME = "localize"
 PHASE = f"{NAME}/gradients"
@@ -34,7 +34,7 @@ PHASE = f"{NAME}/gradients"
 
 def gradients(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """One forward/backward of the seeded model on the seeded batch: the flat gradient."""
-    from ..data import TeacherDataset
+    from trainer.data import TeacherDataset
 
     batch = BATCH_FACTOR * cfg.batch_size
     data = TeacherDataset(batch, (D_IN,), D_OUT, seed=cfg.seed + 1, dtype=torch.float64)

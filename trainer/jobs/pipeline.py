@@ -28,11 +28,11 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from ..config import TrainConfig
-from ..data import TeacherDataset
-from ..distenv import DistEnv, StepTimer
-from ..models import D_IN, D_OUT, mlp_blocks, params_of
-from ..report import Comparison, JobReport, compare
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset
+from trainer.distenv import DistEnv, StepTimer
+from trainer.models import D_IN, D_OUT, mlp_blocks, params_of
+from trainer.report import Comparison, JobReport, compare
 
 NAME = "pipeline"
 # torch's backend table: gloo moves CUDA tensors in broadcast/all-reduce/all-gather, not in

@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..data import TeacherDataset
-from ..distenv import DistEnv, StepTimer, cuda_count
-from ..models import D_IN, D_OUT, mlp, params_of
-from ..report import FAIL, PASS, Comparison, JobReport, compare
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset
+from trainer.distenv import DistEnv, StepTimer, cuda_count
+from trainer.models import D_IN, D_OUT, mlp, params_of
+from trainer.report import FAIL, PASS, Comparison, JobReport, compare
 
 NAME = "single"
 U32 = 2.0 ** -24  # fp32 unit roundoff

@@ -28,12 +28,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import syncbn_cpu
-from ..config import TrainConfig
-from ..data import TeacherDataset
-from ..distenv import DistEnv, StepTimer
-from ..models import D_OUT, IMAGE, conv_bn_net, params_of, unwrap_names
-from ..report import JobReport, compare, identical
+from trainer import syncbn_cpu
+from trainer.config import TrainConfig
+from trainer.data import TeacherDataset
+from trainer.distenv import DistEnv, StepTimer
+from trainer.models import D_OUT, IMAGE, conv_bn_net, params_of, unwrap_names
+from trainer.report import JobReport, compare, identical
 
 NAME = "syncbn"
 # fp32: measured BN-gradient differences ~6e-6 on values of order 1-10; float64 ~1e-14.

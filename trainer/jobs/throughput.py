@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..report import ERROR, FAIL, JobReport
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.report import ERROR, FAIL, JobReport
 
 NAME = "throughput"
 

@@ -27,11 +27,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from ..config import TrainConfig
-from ..distenv import DistEnv
-from ..models import mlp
-from ..report import JobReport, compare, identical
-from . import common
+from trainer.config import TrainConfig
+from trainer.distenv import DistEnv
+from trainer.jobs import common
+from trainer.models import mlp
+from trainer.report import JobReport, compare, identical
 
 NAME = "tp"
 PLAN = {"0.0": ColwiseParallel(), "1.0": RowwiseParallel()}  # mlp(): block.Linear names

@@ -1,0 +1,184 @@
+"""`python -m checks.fleet report DIR`: aggregate one run's host reports into the fleet report.
+
+    python -m checks.fleet report reports/2025-06-01T10-00 --inventory inventory \\
+        --html reports/2025-06-01T10-00/fleet.html --prometheus-dir /var/lib/node_exporter
+
+Exit codes: 0 every host PASS or WARN, 1 any host FAIL/ERROR/MISSING (a straggler FAIL included),
+2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from checks import cliutil
+from checks.fleet import aggregate, drift, history
+from checks.fleet import ansible_inventory as inventory
+from checks.fleet import crosshost_plan as crosshost
+from checks.fleet import fleet_junit as junit
+from checks.fleet import fleet_terminal as terminal
+from checks.fleet.aggregate import Fleet
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m checks.fleet",
+        description="Fleet report over the per-host JSON reports of one verify run.",
+        epilog="Exit status: 0 all hosts PASS/WARN, 1 any host FAIL, ERROR (unreadable report) or "
+               "MISSING, 2 bad usage. Docs: docs/fleet.md.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser("report", help="aggregate reports/<run-id>/*.json",
+                       description="Aggregate reports/<run-id>/<host>.json: who failed what, "
+                                   "stragglers against the fleet median, GPUs drifting below "
+                                   "their own history, reference digests that differ from their "
+                                   "group's, lemons from the history.")
+    r.add_argument("directory", metavar="DIR", help="directory of <host>.json reports of one run")
+    expect = r.add_mutually_exclusive_group()
+    expect.add_argument("--expect-hosts", action="append", metavar="H1,H2",
+                        help="hosts that must have a report (comma-separated, repeatable)")
+    expect.add_argument("--inventory", metavar="FILE",
+                        help="Ansible inventory whose hosts must have a report (read with "
+                             "ansible-inventory)")
+    r.add_argument("--host-errors", metavar="FILE",
+                   help='JSON object {"host": "reason"} for hosts without a report, e.g. '
+                        '"unreachable", "checks crashed: exit 137"')
+    r.add_argument("--run-id", metavar="ID", help="run id (default: the reports' run_id, else DIR's name)")
+    r.add_argument("--json", metavar="FILE", help="write the fleet summary (schema/fleet.schema.json)")
+    r.add_argument("--html", metavar="FILE", help="write the self-contained HTML report")
+    r.add_argument("--junit", metavar="FILE", help="write JUnit XML (a test suite per host)")
+    r.add_argument("--prometheus-dir", metavar="DIR",
+                   help="write nodecert-<host>.prom and nodecert-fleet.prom (node_exporter textfiles)")
+    r.add_argument("--history", metavar="DB",
+                   help="SQLite run history to append to and find lemons in "
+                        "(default: history.sqlite beside DIR, i.e. reports/history.sqlite)")
+    r.add_argument("--no-history", action="store_true", help="neither record nor query the history")
+    r.add_argument("--lemon-failures", type=int, default=history.DEFAULT_FAILURES, metavar="N",
+                   help="a GPU failing in N of the last M runs is a lemon "
+                        f"(default {history.DEFAULT_FAILURES})")
+    r.add_argument("--lemon-runs", type=int, default=history.DEFAULT_RUNS, metavar="M",
+                   help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
+    r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
+    r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+    return p
+
+
+def _names(values: list[str] | None) -> list[str]:
+    return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
+def _host_errors(path: str | None) -> dict[str, str]:
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--host-errors {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise UsageError(f"--host-errors {path}: expected a JSON object of host → reason strings")
+    return data
+
+
+def _expected(args: argparse.Namespace) -> list[str] | None:
+    if args.inventory:
+        try:
+            return inventory.hosts(args.inventory)
+        except inventory.InventoryError as exc:
+            raise UsageError(str(exc)) from None
+    return _names(args.expect_hosts) or None
+
+
+def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
+    bad = [g for g in cross.groups if not g.ok]
+    console.print(f"cross-host ({cross.mode}): {len(cross.groups) - len(bad)}/{len(cross.groups)} "
+                  "groups passed", highlight=False)
+    for g in bad:
+        console.print(f"  {g.id} [{', '.join(g.hosts)}]: culprit {', '.join(g.culprits) or '?'}: "
+                      f"{g.reason}", highlight=False, markup=False)
+    if cross.suspects:
+        console.print(f"  suspect host(s): {', '.join(cross.suspects)}", highlight=False)
+    for link in cross.bad_links:
+        console.print(f"  bad link: {' <-> '.join(link)}", highlight=False)
+
+
+def report(args: argparse.Namespace, console: Console, err: Console) -> int:
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory")
+    if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
+        raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
+    expected, errors = _expected(args), _host_errors(args.host_errors)
+    cross = crosshost.merge(directory)
+    fleet: Fleet = aggregate.load(directory, expected_hosts=expected, host_errors=errors,
+                                  run_id=args.run_id)
+    if not fleet.hosts:
+        raise UsageError(f"no host reports (*.json) in {directory} and no expected hosts")
+    if not args.no_history:
+        db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
+        with history.History(db) as store:
+            try:
+                fleet.set_drift(drift.find(fleet, store))
+            except drift.DriftConfigError as exc:
+                raise UsageError(str(exc)) from None
+            store.record(fleet)
+            fleet.lemons = store.lemons(args.lemon_failures, args.lemon_runs)
+    outputs = []
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(fleet.to_dict(), indent=2) + "\n")
+        outputs.append(path)
+    if args.html:
+        from checks.render import html
+
+        outputs.append(html.write_fleet(fleet, args.html))
+    if args.junit:
+        outputs.append(junit.write(fleet, args.junit))
+    if args.prometheus_dir:
+        from checks.render import prometheus
+
+        outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir))
+    if not args.quiet:
+        terminal.render(fleet, console, verbose=args.verbose)
+        if cross is not None:
+            _render_crosshost(cross, console)
+        for path in outputs if len(outputs) < 8 else []:
+            err.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        if len(outputs) >= 8:
+            err.print(f"wrote {len(outputs)} files", highlight=False)
+    return fleet.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
+    console = Console(emoji=False, highlight=False)
+    err = Console(stderr=True, emoji=False, highlight=False)
+    try:
+        return report(args, console, err)
+    except (UsageError, ImportError) as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        return EXIT_USAGE
+    except OSError as exc:
+        err.print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+                  highlight=False, markup=False, soft_wrap=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Cross-host stage: the collective check and the `ddp` job across hosts (torchrun c10d).
+
+Run on every host of a group at about the same time (`playbooks/verify.yml` runs it as one
+synchronous task per round on every host, so it needs a fork count of at least the number of
+hosts, in pairs mode too: it refuses to start otherwise), with the first host's cluster address as
+the rendezvous endpoint and one rendezvous id per group:
+
+    python -m checks.node.crosshost_node node --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 \\
+        --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-a.json
+    python -m checks.node.crosshost_node node --nnodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29400 \\
+        --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-b.json
+
+Each node writes a host report (same schema as `python -m checks`) with two checks,
+`xhost-collective` and `xhost-ddp`; the controller (`checks.fleet.crosshost_plan`) compares the
+nodes' reports to name the host that did not join, hung or crashed, and in pairwise mode the
+bad link. `plan` prints the grouping (all hosts at once, or pairs then shifted pairs).
+
+The endpoint is the first host's inventory address, never 0.0.0.0; choose the interface with
+--ifname (sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from checks import cliutil
+from checks import report_schema as report
+from checks.hw.base import HardwareError
+from checks.hw.measure import nccl_log
+from checks.model import CheckOutcome, Result, Status, error
+
+STAGES = ("collective", "ddp")
+DEFAULT_SLOW_PCT = 50.0  # keep equal to checks.fleet.crosshost_plan.DEFAULT_SLOW_PCT
+EXIT_USAGE = 2
+
+
+def _platform() -> tuple[bool, int]:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus > 0, gpus
+
+
+def _rank_view(ranks: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the controller needs to compare nodes: per global rank, progress and fate."""
+    return {str(r): {k: v.get(k) for k in ("state", "phase", "seq", "exitcode", "error", "host")}
+            for r, v in ranks.items()}
+
+
+def rendezvous_view(log_tail: str, endpoint: str) -> str:
+    """'unreachable' when this host's agent could not connect to the rendezvous endpoint at all
+    (torch's c10d client logs 'failed to connect to any network address of (HOST, PORT)' or
+    'failed to connect/validate to host HOST:PORT' while it retries), else 'reached'. The
+    controller blames such a host before the ones that waited for it."""
+    host, _, port = endpoint.rpartition(":")
+    marks = (f"failed to connect to any network address of ({host}, {port})",
+             f"failed to connect/validate to host {host}:{port}")
+    return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
+
+
+def _interface_address(ifname: str) -> str | None:
+    """IPv4 address of a network interface (SIOCGIFADDR), None when it has none or is absent."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
+    """Which address this host's gloo/NCCL sockets would advertise, against the one it reaches the
+    rendezvous from: with --ifname, that interface's address; without, the address the hostname
+    resolves to (what NCCL and gloo fall back to; on a multi-homed node, or with Debian's
+    `127.0.1.1 hostname` line, an address the other hosts may not reach). A mismatch on a failed
+    stage names this host."""
+    host, _, port = endpoint.rpartition(":")
+    view: dict[str, Any] = {"ifname": ifname}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            view["route_source"] = probe.getsockname()[0]
+    except (OSError, ValueError) as exc:
+        view["route_source"] = None
+        view["route_error"] = str(exc)
+    try:
+        view["hostname_addresses"] = sorted({str(a[4][0]) for a in socket.getaddrinfo(
+            socket.gethostname(), None, socket.AF_INET)})
+    except OSError:
+        view["hostname_addresses"] = []
+    if ifname:
+        view["ifname_address"] = _interface_address(ifname)
+        advertised = [view["ifname_address"]] if view["ifname_address"] else []
+    else:
+        advertised = view["hostname_addresses"]
+    view["mismatch"] = bool(view["route_source"] and view["route_source"] not in advertised)
+    return view
+
+
+def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
+    from checks.hw.measure import collective_run as collective
+    from checks.node.suite.collective import judge_collectives
+
+    sweep = {"min_bytes": 8, "max_bytes": 256 << 20 if on_gpu else 1 << 20, "factor": 4,
+             "warmup": 3 if on_gpu else 1, "iters": 10 if on_gpu else 3, "check_iters": 5,
+             "check_elems": 4096}
+    # NCCL's INFO log (INIT,NET,GRAPH) says which transport each channel used: proof that the
+    # hosts talked over RDMA with GPUDirect, not TCP sockets (judged by transport_verdict).
+    env = {**_socket_env(args), **(nccl_log.debug_env() if on_gpu else {})}
+    with nccl_log.capture(None, on_gpu) as cap:
+        m = collective.run(nproc=nproc, sweep=sweep, backend="nccl" if on_gpu else "gloo",
+                           timeout_s=args.timeout, stall_s=args.stall,
+                           start_timeout_s=args.join_timeout, env=env, nnodes=args.nnodes,
+                           node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                           rdzv_id=f"{args.rdzv_id}-collective", local_addr=args.local_addr,
+                           workdir=cap.workdir)
+        log = cap.parse(m)
+    result = judge_collectives(m, None, on_gpu)
+    result.details["ranks"] = _rank_view(m.get("ranks") or {})
+    if log is not None and m.get("ok"):
+        result = transport_verdict(result, log, _rdma_ports_up())
+    if not m.get("ok"):
+        result.details["rendezvous"] = rendezvous_view(m.get("log_tail") or "",
+                                                       args.rdzv_endpoint)
+        result.details["address"] = address_view(args.rdzv_endpoint, args.ifname)
+    if m.get("ok") and "figures" in result.details:
+        peak = result.details["figures"].get("allreduce_busbw_gbs")
+        result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
+    return result
+
+
+def _rdma_ports_up() -> tuple[str, ...]:
+    from checks.hw import rdma
+
+    try:
+        devices = rdma.read_devices()
+    except HardwareError:
+        return ()
+    return tuple(f"{d.name}:{p.port}" for d in devices for p in d.ports
+                 if p.state == "ACTIVE" and p.phys_state == "LinkUp")
+
+
+def transport_verdict(result: Result, log: Any, rdma_up: tuple[str, ...]) -> Result:
+    """A cross-host collective that finished is still a FAIL when it moved over TCP sockets
+    while RDMA ports are up, or over IB without GPUDirect RDMA; an unreadable log is an ERROR.
+    The transports go into the details (the fleet report lists them per host)."""
+    from checks.node.suite.fabric import TransportExpectation, judge_transport
+
+    verdict = judge_transport(log, TransportExpectation(cross_host=True, rdma_up=rdma_up,
+                                                        nvlink=False, nvls=False))
+    result.details["transports"] = log.kinds
+    result.details["nccl_transport"] = {"status": str(verdict.status),
+                                        "message": verdict.message,
+                                        **verdict.details.get("nccl", {})}
+    if verdict.status.severity > result.status.severity and verdict.status is not Status.SKIP:
+        result.status = verdict.status
+        result.message = f"{result.message}; transport: {verdict.message}"
+        result.remedy = verdict.remedy
+    return result
+
+
+def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
+    from trainer.launcher import run_ddp_multinode
+
+    job = run_ddp_multinode(args.rdzv_endpoint, args.nnodes, args.node_rank, nproc=nproc,
+                            rdzv_id=f"{args.rdzv_id}-ddp", local_addr=args.local_addr,
+                            timeout_s=args.timeout, stall_s=args.stall,
+                            start_timeout_s=args.join_timeout, env=_socket_env(args))
+    details = dict(job.details or {})
+    if job.figures:
+        details["figures"] = {f"xhost_{k}": v for k, v in job.figures.items()}
+    status = {"PASS": Status.PASS, "FAIL": Status.FAIL, "SKIP": Status.SKIP}.get(job.status,
+                                                                                Status.ERROR)
+    if status is not Status.PASS and status is not Status.SKIP:
+        details["rendezvous"] = rendezvous_view(str(details.get("log_tail") or ""),
+                                                args.rdzv_endpoint)
+        details["address"] = address_view(args.rdzv_endpoint, args.ifname)
+    phases = details.get("phases") or {}
+    if phases:
+        details["ranks"] = {str(r): {"phase": p} for r, p in phases.items()}
+    return Result(status, f"ddp across {args.nnodes} hosts: {job.message}", details=details,
+                  remedy=None if status is Status.PASS else
+                  "compare with the xhost-collective result and the other hosts' reports; "
+                  "check NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME and the firewall between hosts")
+
+
+def _socket_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"NCCL_SOCKET_IFNAME": args.ifname, "GLOO_SOCKET_IFNAME": args.ifname} \
+        if args.ifname else {}
+
+
+RUNNERS = {"collective": ("xhost-collective", "XHOST001", "collectives across hosts",
+                          collective_stage),
+           "ddp": ("xhost-ddp", "XHOST002", "DistributedDataParallel across hosts", ddp_stage)}
+
+
+def node(args: argparse.Namespace) -> int:
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not in 0..{args.nnodes - 1}")
+    host, port = args.rdzv_endpoint.rsplit(":", 1) if ":" in args.rdzv_endpoint else ("", "")
+    if not host or not port.isdigit() or host in ("0.0.0.0", "::"):
+        raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint!r} must be HOST:PORT with the "
+                         "first host's cluster address (never 0.0.0.0)")
+    on_gpu, gpus = _platform()
+    nproc = args.nproc_per_node or gpus or 1
+    started = dt.datetime.now(dt.UTC).isoformat()
+    t0 = time.monotonic()
+    outcomes = []
+    for stage in args.stages:
+        cid, code, title, runner = RUNNERS[stage]
+        s0 = time.monotonic()
+        try:
+            result = runner(args, on_gpu, nproc)
+        except Exception as exc:  # a stage that breaks is this stage's ERROR, the next one runs
+            result = error(f"{stage} stage crashed: {type(exc).__name__}: {exc}")
+        result.details.update(nnodes=args.nnodes, node_rank=args.node_rank,
+                              rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                              group=args.group, nproc_per_node=nproc)
+        if result.status in (Status.FAIL, Status.WARN):
+            result.fault_code = code
+        elif result.status is Status.ERROR:
+            result.fault_code = f"{code}-E"
+        outcomes.append(CheckOutcome(cid, code, title, "standard", ("crosshost",), [result],
+                                     time.monotonic() - s0))
+    doc = report.build(outcomes, meta={
+        "host": args.host or socket.gethostname(), "run_id": args.rdzv_id, "started_at": started,
+        "duration_s": time.monotonic() - t0, "level": "standard", "backend": "linux",
+        "profile": {"name": "generic", "reason": "cross-host stage"},
+        "options": {"nnodes": args.nnodes, "node_rank": args.node_rank, "group": args.group},
+        "environment": report.recorded_environment()})
+    if args.json:
+        report.write(doc, args.json)
+    else:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    for o in outcomes:
+        print(f"{o.id}: {o.status} {o.results[0].message}", file=sys.stderr)
+    return int(doc["exit_code"])
+
+
+def plan_cmd(args: argparse.Namespace) -> int:
+    from checks.fleet.crosshost_plan import plan
+
+    hosts = [h for h in args.hosts.split(",") if h]
+    print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
+                          addresses=json.loads(args.addresses) if args.addresses else None,
+                          min_busbw_gbs=args.min_busbw_gbs, slow_pct=args.slow_pct)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m checks.node.crosshost_node",
+                                description="Cross-host collective and DDP through torchrun's "
+                                            "c10d rendezvous.")
+    sub = p.add_subparsers(dest="command", required=True)
+    n = sub.add_parser("node", help="run this host's part of one group")
+    n.add_argument("--nnodes", type=int, required=True, help="hosts in the group")
+    n.add_argument("--node-rank", type=int, required=True, help="this host's index in the group")
+    n.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
+                   help="the first host's cluster address and a free port")
+    n.add_argument("--rdzv-id", required=True, help="the same id on every host of the group")
+    n.add_argument("--group", default="all", help="label of the group (recorded)")
+    n.add_argument("--nproc-per-node", type=int, help="ranks on this host (default: GPUs, or 1)")
+    n.add_argument("--stages", type=lambda s: [x for x in s.split(",") if x], default=list(STAGES),
+                   help=f"comma-separated, from {', '.join(STAGES)}")
+    n.add_argument("--ifname", help="network interface for NCCL and gloo sockets")
+    n.add_argument("--local-addr", help="this host's address as the others reach it")
+    n.add_argument("--host", help="name to record (default: the hostname)")
+    n.add_argument("--timeout", type=float, default=600.0, help="hard limit per stage, seconds")
+    n.add_argument("--stall", type=float, default=60.0, help="no progress for this long = hang")
+    n.add_argument("--join-timeout", type=float, default=120.0,
+                   help="seconds to wait for every host to join")
+    n.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
+    pl = sub.add_parser("plan", help="print the groups (JSON) for a list of hosts")
+    pl.add_argument("--hosts", required=True, help="comma-separated, in inventory order")
+    pl.add_argument("--mode", choices=("all", "pairs"), default="all")
+    pl.add_argument("--base-port", type=int, default=29400)
+    pl.add_argument("--run-id", default="nodecert")
+    pl.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
+    pl.add_argument("--min-busbw-gbs", type=float, metavar="GB/S",
+                    help="all-reduce busbw floor for every group (default: none; e.g. 80%% of "
+                         "the NICs' line rate in GB/s)")
+    pl.add_argument("--slow-pct", type=float, default=DEFAULT_SLOW_PCT, metavar="PCT",
+                    help="a group this many per cent below the best group is slow "
+                         f"(default {DEFAULT_SLOW_PCT:g})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
+    try:
+        if args.command == "plan":
+            return plan_cmd(args)
+        bad = [s for s in args.stages if s not in STAGES]
+        if bad or not args.stages:
+            raise ValueError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
+        return node(args)
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,285 @@
+"""`python -m checks`: run the check suite on this host (or a scenario) and report.
+
+Exit codes: 0 all PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from checks import cliutil, profiles
+from checks import report_schema as report
+from checks.hw.base import Backend, HardwareError
+from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
+from checks.model import CheckOutcome
+from checks.node import budget, registry, runner
+from checks.node.context import Context, Options
+from checks.render import html, junit, prometheus, terminal
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1h' -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 10m, 1h)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def _names(values: list[str] | None) -> list[str]:
+    return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m checks",
+        description="Verify that this host can train with PyTorch on its NVIDIA GPUs.",
+        epilog="Exit status: 0 all checks PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or "
+               "configuration. Docs: README.md (checks, scenario format, report schema). "
+               "`python -m checks record FILE` writes this machine as a scenario "
+               "(docs/recording.md).")
+    p.add_argument("--level", choices=registry.LEVELS, default=None,
+                   help="quick: inventory and health (seconds); standard: adds collectives, "
+                        "DataLoader, compute and the acceptance training jobs; burn-in: adds "
+                        "sustained load (see --duration). Default: standard, or burn-in with "
+                        "--budget (the budget then decides)")
+    p.add_argument("--budget", type=parse_duration, metavar="TIME",
+                   help="time budget, e.g. 5m: run the checks and sizes that fit, most valuable "
+                        "first; the plan (and what it left out) goes into the report "
+                        "(checks/node/budget.yaml has each check's value and cost)")
+    p.add_argument("--only", action="append", metavar="ID|TAG",
+                   help="run only these checks (ids or tags, comma-separated, repeatable); "
+                        "ignores --level")
+    p.add_argument("--skip", action="append", metavar="ID|TAG",
+                   help="do not run these checks (ids or tags, comma-separated, repeatable)")
+    p.add_argument("--json", metavar="FILE",
+                   help="JSON report path (default: reports/<hostname>.json); '-' for stdout")
+    p.add_argument("--no-json", action="store_true", help="do not write a JSON report")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report here")
+    p.add_argument("--prometheus", metavar="FILE",
+                   help="also write node_exporter textfile metrics (.prom) here, atomically")
+    p.add_argument("--simulate", metavar="FILE|NAME",
+                   help="read the hardware from a scenario file (YAML/JSON) instead of this "
+                        f"machine; shipped scenarios: {', '.join(shipped())}")
+    p.add_argument("--profile", metavar="NAME",
+                   help="GPU model profile with the thresholds (default: detected from the GPUs; "
+                        f"available: {', '.join(profiles.available())})")
+    p.add_argument("--expect-gpus", type=int, metavar="N",
+                   help="number of GPUs this host must have (default: what the PCI bus shows)")
+    p.add_argument("--expect-driver", metavar="VERSION",
+                   help="driver branch (e.g. 580) or exact version the host must run")
+    p.add_argument("--expect-cuda", metavar="X.Y",
+                   help="minimum CUDA version the driver must support")
+    p.add_argument("--expect-nvlink", type=int, metavar="N",
+                   help="NVLink links that must be up on every GPU (default: inferred from the "
+                        "model profile, NVSwitches on the bus and the links in use; set it for "
+                        "NVLink-bridged PCIe SKUs, where a pair with every link down looks unbridged)")
+    p.add_argument("--expect-rdma-rate", type=float, metavar="GBPS",
+                   help="rate every RDMA port must run at, e.g. 400 (default: the profile's)")
+    p.add_argument("--expect-rdma-nics", type=int, metavar="N",
+                   help="compute NICs (RDMA devices) this host must have (default: profile)")
+    p.add_argument("--duration", type=parse_duration, default=600.0, metavar="TIME",
+                   help="burn-in duration, e.g. 90s, 10m, 1h (default 10m)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="processes for the collective and acceptance stages (default: one per "
+                        "GPU, or 2 on a host without GPUs)")
+    p.add_argument("--run-id", metavar="ID", help="identifier recorded in the report")
+    p.add_argument("--list", action="store_true",
+                   help="list the checks selected by --level/--only/--skip and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="show every per-GPU result")
+    p.add_argument("-q", "--quiet", action="store_true", help="no table, no progress display")
+    return p
+
+
+def make_backend(simulate: str | None) -> Backend:
+    if simulate:
+        return FixtureBackend.from_file(simulate)
+    from checks.hw.linux import LinuxBackend
+
+    return LinuxBackend()
+
+
+def choose_profile(hw: Backend, name: str | None) -> profiles.Profile:
+    if name:
+        profile = profiles.load(name)
+        profile.reason = "chosen with --profile"
+        return profile
+    try:
+        ids = [d.device for d in hw.pci_devices() if d.is_nvidia_gpu]
+    except HardwareError:
+        ids = []
+    names: list[str] = []
+    try:
+        nvml = hw.nvml()
+        names = [str(nvml.gpu(i).query("name")) for i in range(nvml.device_count())]
+    except HardwareError:
+        pass
+    return profiles.detect(ids, names)
+
+
+def system_facts(hw: Backend) -> dict[str, Any]:
+    facts: dict[str, Any] = {}
+    for key, read in (("os", lambda: hw.os_release().get("PRETTY_NAME")),
+                      ("kernel", hw.kernel_release),
+                      ("cpus", hw.cpu_count),
+                      ("torch", lambda: hw.torch().version),
+                      ("torch_cuda", lambda: hw.torch().cuda),
+                      ("driver", lambda: hw.nvml().driver_version())):
+        try:
+            facts[key] = read()
+        except (HardwareError, OSError):
+            facts[key] = None
+    return facts
+
+
+def _progress_listener(progress: Progress, total: int) -> runner.Listener:
+    task = progress.add_task("checks", total=total)
+
+    def listener(chk: registry.Check, outcome: CheckOutcome | None) -> None:
+        if outcome is None:
+            progress.update(task, description=f"{chk.id}")
+        else:
+            progress.advance(task)
+
+    return listener
+
+
+def _line_listener(console: Console, total: int) -> runner.Listener:
+    done = [0]
+
+    def listener(chk: registry.Check, outcome: CheckOutcome | None) -> None:
+        if outcome is not None:
+            done[0] += 1
+            console.print(f"[{done[0]}/{total}] {chk.id}: {outcome.status} "
+                          f"({outcome.duration_s:.1f} s)", highlight=False)
+
+    return listener
+
+
+def _gpu_count(hw: Backend) -> int:
+    try:
+        return sum(1 for d in hw.pci_devices() if d.is_nvidia_gpu)
+    except HardwareError:
+        return 0
+
+
+def run(args: argparse.Namespace, console: Console, err: Console) -> int:
+    args.level = args.level or ("burn-in" if args.budget else "standard")
+    try:
+        selected = registry.select(args.level, _names(args.only), _names(args.skip))
+    except KeyError as exc:
+        raise UsageError(f"unknown check id or tag: {exc.args[0]} (see --list)") from None
+    plan = None
+    if args.budget is not None:
+        hw = make_backend(args.simulate)
+        try:
+            plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
+                               duration_s=args.duration)
+        except budget.BudgetError as exc:
+            raise UsageError(str(exc)) from None
+        selected = [c for c in selected if c.id in plan.ids]
+        if plan.duration_s is not None:
+            args.duration = plan.duration_s
+    if args.list:
+        sizes = {c.id: f"{c.size} ~{c.cost_s:.0f}s" for c in plan.chosen} if plan else {}
+        for chk in selected:
+            console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {sizes.get(chk.id, ''):14} "
+                          f"{chk.title}", highlight=False)
+        for out in plan.left_out if plan else []:
+            console.print(f"left out: {out['id']} ({out['reason']})", highlight=False)
+        return 0
+    for flag, value in (("--expect-rdma-rate", args.expect_rdma_rate),
+                        ("--expect-rdma-nics", args.expect_rdma_nics)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
+    if plan is None:
+        hw = make_backend(args.simulate)
+    profile = choose_profile(hw, args.profile)
+    if plan is not None:
+        budget.apply_overrides(profile.data, plan.profile_overrides)
+        if not args.quiet:
+            err.print(plan.summary(), highlight=False, markup=False, soft_wrap=True)
+    options = Options(level=args.level, expect_gpus=args.expect_gpus,
+                      expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
+                      expect_nvlink=args.expect_nvlink,
+                      duration_s=args.duration, nproc=args.nproc,
+                      extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
+                                               ("expect_rdma_nics", args.expect_rdma_nics))
+                             if v is not None})
+    ctx = Context(hw, profile, options)
+    ctx.selected = {chk.id for chk in selected}
+    started_at = dt.datetime.now(dt.UTC).isoformat()
+    t0 = time.monotonic()
+    if args.quiet:
+        outcomes = runner.run(selected, ctx)
+    elif err.is_terminal:
+        with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            outcomes = runner.run(selected, ctx, _progress_listener(progress, len(selected)))
+    else:
+        outcomes = runner.run(selected, ctx, _line_listener(err, len(selected)))
+    meta = {
+        "host": socket.gethostname(), "run_id": args.run_id, "started_at": started_at,
+        "duration_s": time.monotonic() - t0, "level": args.level, "backend": hw.name,
+        "scenario": getattr(hw, "path", None),
+        "profile": {"name": profile.name, "description": profile.description,
+                    "reason": profile.reason, "unknown_models": profile.unknown_models},
+        "options": {k: v for k, v in vars(options).items() if v not in (None, {}, [])},
+        "system": system_facts(hw), "environment": report.recorded_environment(dict(hw.environ())),
+    }
+    if plan is not None:
+        meta["options"]["budget"] = plan.to_dict()
+    doc = report.build(outcomes, meta=meta)
+    if args.json == "-":
+        sys.stdout.write(__import__("json").dumps(doc, indent=2, default=str) + "\n")
+    elif not args.no_json:
+        path = report.write(doc, args.json or f"reports/{meta['host']}.json")
+        if not args.quiet:
+            err.print(f"report: {path}", highlight=False)
+    if args.junit:
+        junit.write([doc], args.junit)
+    if args.html:
+        html.write([doc], args.html)
+    if args.prometheus:
+        prometheus.write([doc], args.prometheus)
+    if not args.quiet and args.json != "-":
+        terminal.render(doc, console, verbose=args.verbose)
+    return int(doc["exit_code"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"]:  # `python -m checks record FILE`: checks/node/record.py
+        from checks.node import record
+
+        return record.main(argv[1:])
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
+    console = Console(emoji=False, highlight=False)
+    err = Console(stderr=True, emoji=False, highlight=False)
+    try:
+        return run(args, console, err)
+    except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        return 130

@@ -1,0 +1,112 @@
+"""Check declarations. Every module under checks/node/suite/ registers its checks on import."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from checks.model import Result
+
+if TYPE_CHECKING:
+    from checks.node.context import Context
+
+LEVELS = ("quick", "standard", "burn-in")
+# Stages order the run: cheap inventory first, acceptance jobs last.
+STAGES = ("host", "inventory", "health", "workload", "acceptance", "burn-in")
+
+CheckFn = Callable[["Context"], Result | Iterable[Result]]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    code: str
+    title: str
+    func: CheckFn
+    level: str = "quick"
+    stage: str = "health"
+    tags: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    seq: int = 0  # registration order, the last tie-breaker of `ordered`
+
+    @property
+    def doc(self) -> str:
+        return (self.func.__doc__ or self.title).strip()
+
+    def runs_at(self, level: str) -> bool:
+        return LEVELS.index(self.level) <= LEVELS.index(level)
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = "health",
+          tags: Iterable[str] = (), needs: Iterable[str] = (),
+          timeout_s: float = 60.0) -> Callable[[CheckFn], CheckFn]:
+    """Register a check. `id` is stable and hyphenated; `code` is the stable fault code."""
+    if level not in LEVELS:
+        raise ValueError(f"{id}: unknown level {level}")
+    if stage not in STAGES:
+        raise ValueError(f"{id}: unknown stage {stage}")
+
+    def register(func: CheckFn) -> CheckFn:
+        if id in REGISTRY:
+            raise ValueError(f"check id {id} registered twice")
+        if any(c.code == code for c in REGISTRY.values()):
+            raise ValueError(f"fault code {code} registered twice")
+        REGISTRY[id] = Check(id=id, code=code, title=title, func=func, level=level, stage=stage,
+                             tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s,
+                             seq=len(REGISTRY))
+        return func
+
+    return register
+
+
+def load_all() -> dict[str, Check]:
+    from checks.node import suite
+
+    for info in sorted(pkgutil.iter_modules(suite.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{suite.__name__}.{info.name}")
+    return REGISTRY
+
+
+def ordered(checks: Iterable[Check]) -> list[Check]:
+    """Stage order, then registration order; a check always comes after what it needs."""
+    # Independent of import order (tests import single suite modules first): stage, then
+    # module, then position in the module, then registration order.
+    pool = sorted(checks, key=lambda c: (STAGES.index(c.stage), c.func.__module__,
+                                         c.func.__code__.co_firstlineno, c.seq))
+    placed: list[Check] = []
+    ids = {c.id for c in pool}
+    done: set[str] = set()
+    while pool:
+        for c in pool:
+            if all(n in done or n not in ids for n in c.needs):
+                placed.append(c)
+                done.add(c.id)
+                pool.remove(c)
+                break
+        else:
+            raise ValueError(f"dependency cycle among {[c.id for c in pool]}")
+    return placed
+
+
+def select(level: str, only: Iterable[str] = (), skip: Iterable[str] = ()) -> list[Check]:
+    """Checks for a level, narrowed by --only/--skip (ids or tags). Unknown names raise KeyError."""
+    load_all()
+    only, skip = list(only), list(skip)
+    known = set(REGISTRY) | {t for c in REGISTRY.values() for t in c.tags} | set(LEVELS)
+    unknown = [n for n in [*only, *skip] if n not in known]
+    if unknown:
+        raise KeyError(", ".join(unknown))
+
+    def matches(c: Check, names: list[str]) -> bool:
+        return any(n == c.id or n in c.tags for n in names)
+
+    chosen = [c for c in REGISTRY.values()
+              if (matches(c, only) if only else c.runs_at(level)) and not matches(c, skip)]
+    return ordered(chosen)

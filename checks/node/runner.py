@@ -1,0 +1,98 @@
+"""Runs checks in order: dependencies, per-check timeouts, crash isolation."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from checks.hw.base import HardwareError, NotSupported, NvmlUnavailable
+from checks.model import CheckOutcome, Result, Status, error, skip
+from checks.node.context import Context
+from checks.node.registry import Check
+
+Listener = Callable[[Check, CheckOutcome | None], None]
+
+
+def _blocked(chk: Check, ctx: Context) -> Result | None:
+    for need in chk.needs:
+        outcome = ctx.outcomes.get(need)
+        if outcome is None:
+            continue  # not selected this run: the check must cope on its own
+        if outcome.status in (Status.FAIL, Status.ERROR):
+            return skip(f"blocked by {need}")
+        if outcome.status is Status.SKIP:
+            # Pass the root cause down unchanged ("no NVIDIA device on the PCI bus").
+            return skip(outcome.results[0].message if outcome.results else f"skipped: {need}")
+    return None
+
+
+def _normalise(chk: Check, produced: Any) -> list[Result]:
+    if produced is None:
+        return [error("check returned no result (bug in the check)")]
+    results = [produced] if isinstance(produced, Result) else list(produced)
+    if not results:
+        return [error("check returned no result (bug in the check)")]
+    for r in results:
+        if not isinstance(r, Result):
+            return [error(f"check returned {type(r).__name__}, not a Result (bug in the check)")]
+    return results
+
+
+def _call(chk: Check, ctx: Context) -> list[Result]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["results"] = _normalise(chk, chk.func(ctx))
+        except NotSupported as exc:
+            box["results"] = [skip(f"not supported on this device/driver: {exc}")]
+        except NvmlUnavailable as exc:
+            box["results"] = [error(f"NVML unavailable: {exc}")]
+        except HardwareError as exc:
+            box["results"] = [error(f"could not measure: {exc}")]
+        except Exception as exc:
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
+            box["results"] = [error(f"check crashed: {type(exc).__name__}: {exc} ({where})")]
+
+    # A daemon thread: a check stuck in a C call (NVML, CUDA) cannot be killed, but it is
+    # abandoned at its timeout and cannot keep the process alive.
+    thread = threading.Thread(target=target, name=f"check-{chk.id}", daemon=True)
+    thread.start()
+    thread.join(chk.timeout_s)
+    if thread.is_alive():
+        return [error(f"did not finish within {chk.timeout_s:g} s (hung); abandoned",
+                      remedy="look for a hung driver call (nvidia-smi hanging too?) and "
+                             "check the kernel log")]
+    return box["results"]
+
+
+def run(checks: Iterable[Check], ctx: Context, listener: Listener | None = None
+        ) -> list[CheckOutcome]:
+    outcomes = []
+    for chk in checks:
+        if listener:
+            listener(chk, None)
+        start = time.monotonic()
+        blocked = _blocked(chk, ctx)
+        results = [blocked] if blocked else _call(chk, ctx)
+        for r in results:
+            if r.status in (Status.FAIL, Status.WARN) and r.fault_code is None:
+                r.fault_code = chk.code
+            elif r.status is Status.ERROR and r.fault_code is None:
+                r.fault_code = f"{chk.code}-E"  # "could not collect" has its own code
+        outcome = CheckOutcome(id=chk.id, code=chk.code, title=chk.title, level=chk.level,
+                               tags=chk.tags, results=results,
+                               duration_s=time.monotonic() - start)
+        ctx.outcomes[chk.id] = outcome
+        outcomes.append(outcome)
+        if listener:
+            listener(chk, outcome)
+    return outcomes
+
+
+def exit_code(outcomes: list[CheckOutcome]) -> int:
+    return 1 if any(o.status.is_problem for o in outcomes) else 0

@@ -1,0 +1,251 @@
+"""Acceptance stage: the reference training jobs of trainer/, proven equal to one device.
+
+One launch of the ranks runs every job (start-up dominates on CPU); the checks share it, cached
+per Context. Ranks (trainer.placement): NCCL with one rank per GPU; on a one-GPU host 2 ranks
+share the GPU over gloo (DDP and SyncBN run on CUDA tensors; pipeline and hybrid SKIP: gloo cannot
+send/recv CUDA tensors); without GPUs gloo on 4 CPU ranks. `train-single` trains every GPU alone
+against float64 and is the verdict of a one-GPU host; `train-localize` names a GPU whose gradients
+differ. Decided before anything launches (and so testable on scenarios):
+- GPUs on the PCI bus that torch cannot use (CUDA_VISIBLE_DEVICES=NoDevFiles/""/-1, a CPU-only
+  torch, a broken CUDA stack): every acceptance check FAILs saying why, never a CPU PASS;
+- --expect-gpus N >= 2 with fewer GPUs usable: the multi-GPU jobs FAIL (single and localize
+  still run on the GPUs there are);
+- --nproc above the GPU count: SKIP with the reason.
+Figures (samples/s, scaling efficiency vs one device) and the comparison tolerances go into each
+result's details for the fleet report.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.model import Result, error, fail, passed, skip
+from checks.node import workload_plan
+from checks.node.context import Context
+from checks.node.registry import check
+
+JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
+        "fsdp", "tp", "bf16", "compile", "accum", "loader", "ckpt", "throughput")
+# Jobs that judge each GPU on its own: they run on whatever GPUs are usable. Every other job
+# proves training ACROSS GPUs, and FAILs when fewer than --expect-gpus are usable.
+PER_DEVICE = ("single", "localize")
+SIMULATED = "simulated hardware: training jobs need the real machine"
+LAUNCH_TIMEOUT_S = 600.0  # the launch kills its ranks by then; the checks' own limit is above
+STALL_S = 90.0
+REMEDY = {
+    "ddp": "rerun `python -m trainer ddp` on this host; a mismatch with healthy collectives "
+           "points at the torch/NCCL install (make provision) or a faulty GPU",
+    "pipeline": "rerun `python -m trainer pipeline`; check GPU peer-to-peer (p2p checks) and NCCL",
+    "hybrid": "rerun `python -m trainer hybrid`; replicas that drift mean gradients were not "
+              "synchronised",
+    "syncbn": "rerun `python -m trainer syncbn`; check NCCL all-reduce (collective checks)",
+    "dp": "rerun `python -m trainer dp`; check GPU peer-to-peer and the driver",
+    "single": "rerun `python -m trainer single`; a GPU that differs again computes wrong: drain "
+              "it, run the vendor diagnostics (dcgmi diag -r 3) and RMA it quoting its serial",
+    "localize": "rerun `python -m trainer localize`; the named GPU computes wrong gradients: "
+                "drain it, run dcgmi diag -r 3 and RMA it quoting its serial",
+    "fsdp": "rerun `python -m trainer fsdp`; check NCCL all-gather/reduce-scatter (collective "
+            "checks) and that torch matches requires in pyproject",
+    "tp": "rerun `python -m trainer tp`; check NCCL all-reduce and the torch install",
+    "bf16": "rerun `python -m trainer bf16`; a loss outside the band with an exact fp32 ddp job "
+            "points at the GPU's bf16 path (compute checks)",
+    "compile": "rerun `python -m trainer compile`; check the C++ compiler / Triton install",
+    "accum": "rerun `python -m trainer accum`; check NCCL all-reduce (collective checks)",
+    "loader": "rerun `python -m trainer loader`; check /dev/shm and the dataloader checks",
+    "ckpt": "rerun `python -m trainer ckpt`; check the scratch filesystem (space, permissions)",
+    "throughput": "compare with `python -m trainer throughput` on a healthy node of this model; "
+                  "check clocks, power caps and NVLink (health checks)",
+}
+# Profile keys for the throughput check (optional; GPU hosts only): thresholds.train_tokens_per_s
+# (per GPU), thresholds.train_mfu (fraction of peaks.bf16_tflops), thresholds.train_weak_scaling
+# (tokens/s on N GPUs / (N x one GPU)).
+THROUGHPUT_FLOORS = {"train_tokens_per_s": "throughput_tokens_per_s_per_rank",
+                     "train_mfu": "mfu", "train_weak_scaling": "throughput_weak_scaling_efficiency"}
+REMEDY_BLOCKED = ("make torch see the GPUs: unset or fix CUDA_VISIBLE_DEVICES (Slurm: request "
+                  "GPUs with --gres/--gpus), install a CUDA build of torch (make provision), see "
+                  "gpu-count and cuda-compat")
+REMEDY_FEWER = ("check CUDA_VISIBLE_DEVICES, the container's --gpus and the scheduler's GPU "
+                "request, and gpu-count for GPUs that fell off the bus")
+
+_cache: weakref.WeakKeyDictionary[Context, dict[str, Any]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+@dataclass
+class Plan:
+    jobs: list[str]  # to launch
+    nproc: int = 0
+    shared: bool = False  # ranks share GPUs over gloo
+    verdicts: dict[str, Result] = field(default_factory=dict)  # decided without launching
+
+
+def _cvd_note(ctx: Context) -> str:
+    cvd = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
+    return "" if cvd is None else f" (CUDA_VISIBLE_DEVICES={cvd!r})"
+
+
+def plan(ctx: Context) -> Plan:
+    """Which jobs launch, on how many ranks, and which verdicts need no launch."""
+    from trainer.placement import choose_nproc, why_torch_cannot_use_gpus
+
+    wanted = [j for j in JOBS if not ctx.selected or f"train-{j}" in ctx.selected]
+    plat = workload_plan.platform(ctx)
+    if plat.kind == "blocked":
+        why = why_torch_cannot_use_gpus(ctx.hw.torch(), ctx.hw.environ(), len(ctx.pci_gpus))
+        verdict = fail(f"{len(ctx.pci_gpus)} NVIDIA GPU(s) on the PCI bus but torch cannot use "
+                       f"any: {why}; the training jobs would run on the CPU and prove nothing "
+                       "about the GPUs", value=0, expected=f"{len(ctx.pci_gpus)} GPU(s) in torch",
+                       remedy=REMEDY_BLOCKED)
+        return Plan([], verdicts={j: verdict for j in wanted})
+    gpus = plat.devices
+    verdicts: dict[str, Result] = {}
+    expect = ctx.options.expect_gpus
+    if expect is not None and expect >= 2 and gpus < expect:
+        short = fail(f"--expect-gpus {expect} but torch can use {gpus} GPU(s){_cvd_note(ctx)}: "
+                     f"a multi-GPU job on {gpus} cannot prove training on {expect}", value=gpus,
+                     expected=f"{expect} GPUs", remedy=REMEDY_FEWER)
+        verdicts.update({j: short for j in wanted if j not in PER_DEVICE})
+    if "dp" in wanted and "dp" not in verdicts and gpus < 2:
+        verdicts["dp"] = skip(f"needs ≥ 2 CUDA devices, have {gpus} (DataParallel without them "
+                              "is a pass-through: a CPU run would prove nothing)")
+    try:
+        nproc, shared = choose_nproc(ctx.options.nproc, "auto" if gpus else "cpu", gpus)
+    except ValueError as exc:
+        reason = skip(f"{exc} (--nproc of `checks verify`)")
+        verdicts.update({j: reason for j in wanted if j not in verdicts})
+        return Plan([], verdicts=verdicts)
+    if shared:
+        # Ranks sharing one GPU talk over gloo, which has no CUDA reduce-scatter/all-gather for
+        # FSDP and tensor parallel; the modern jobs are not proven on one shared GPU.
+        from trainer.jobs import MODERN
+
+        reason = skip(f"{gpus} GPU: the ranks share it over gloo, which lacks the CUDA "
+                      "collectives these jobs need (run on a host with 2 or more GPUs)")
+        verdicts.update({j: reason for j in wanted if j in MODERN and j not in verdicts})
+    return Plan([j for j in wanted if j not in verdicts], nproc, shared, verdicts)
+
+
+def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
+    """{job: JobReport} from one shared launch (run on the first call for this Context)."""
+    with _lock:
+        if ctx not in _cache:
+            from trainer.config import TrainConfig
+            from trainer.launcher import run_jobs
+
+            workdir = Path(ctx.options.workdir) / "acceptance" if ctx.options.workdir else None
+            # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the
+            # compile job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
+            cfg = TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count
+                              else "aot_eager")
+            suite = run_jobs(p.jobs, cfg, nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
+                             stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
+            _cache[ctx] = dict(suite.reports)
+        return _cache[ctx]
+
+
+def _result(job: str, report: Any) -> Result:
+    comparisons = [c.__dict__ for c in report.comparisons]
+    worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
+    details: dict[str, Any] = {
+        "figures": report.figures, "comparisons": comparisons,
+        "max_abs_diff": worst.max_abs if worst else None,
+        "max_rel_diff": max((c.max_rel for c in report.comparisons), default=None),
+        **{k: v for k, v in report.details.items() if k != "log_tail"}}
+    if report.details.get("log_tail"):
+        details["log_tail"] = report.details["log_tail"][-1500:]
+    rate = report.figures.get(f"{job}_samples_per_s")
+    kw: dict[str, Any] = {"details": details, "value": rate,
+                          "unit": "samples/s" if rate is not None else None}
+    tol = report.details.get("tolerances")
+    if report.details.get("expected"):
+        kw["expected"] = report.details["expected"]
+    elif tol:
+        kw["expected"] = f"equal to one device within rtol {tol['rtol']:g} / atol {tol['atol']:g}"
+    if report.status == "PASS":
+        return passed(report.message, **kw)
+    if report.status == "SKIP":
+        return skip(report.message, details=details)
+    if report.status == "ERROR":
+        return error(report.message, **kw)
+    return fail(report.message, remedy=REMEDY[job], **kw)
+
+
+def _job_check(ctx: Context, job: str) -> Result:
+    info = ctx.hw.torch()
+    if info.version is None:
+        return error(f"torch unusable: {info.error}")
+    p = plan(ctx)
+    if job in p.verdicts:
+        return p.verdicts[job]
+    if ctx.hw.simulated:
+        return skip(SIMULATED)
+    if info.error:
+        return error(f"torch unusable: {info.error}")
+    reports = _run_suite(ctx, p)
+    if job not in reports:
+        return error(f"the acceptance launch did not run {job}")
+    if job == "throughput" and reports[job].status == "PASS":
+        return _throughput(ctx, reports[job])
+    return _result(job, reports[job])
+
+
+def _throughput(ctx: Context, report: Any) -> Result:
+    """Figures as information; MFU against the profile's bf16 peak and the profile's floors on
+    GPU hosts (a CPU has no bf16 peak in any profile)."""
+    figures = dict(report.figures)
+    on_gpu = report.details.get("backend") == "nccl"
+    peak = ctx.profile.get("peaks.bf16_tflops")
+    if on_gpu and peak:
+        figures["mfu"] = figures["throughput_model_tflops_per_rank"] / float(peak)
+    details = {"figures": figures, **{k: v for k, v in report.details.items() if k != "log_tail"},
+               "bf16_peak_tflops": peak if on_gpu else None}
+    kw: dict[str, Any] = {"details": details, "value": figures["throughput_tokens_per_s_per_rank"],
+                          "unit": "tokens/s per rank"}
+    mfu = f", MFU {figures['mfu']:.1%} of {peak:g} TFLOP/s bf16" if "mfu" in figures else (
+        ", MFU n/a (CPU)" if not on_gpu else f", MFU n/a (profile {ctx.profile.name} has no "
+                                              "peaks.bf16_tflops)")
+    low = []
+    for key, figure in THROUGHPUT_FLOORS.items():
+        floor = ctx.profile.get(f"thresholds.{key}")
+        if on_gpu and floor is not None and figure in figures and figures[figure] < float(floor):
+            low.append(f"{figure} {figures[figure]:.4g} < thresholds.{key} {float(floor):g}")
+    if low:
+        return fail(f"below profile {ctx.profile.name}: {'; '.join(low)}",
+                    remedy=REMEDY["throughput"], **kw)
+    floors = [k for k in THROUGHPUT_FLOORS if ctx.profile.get(f"thresholds.{k}") is not None]
+    note = (f"; floors {', '.join(floors)} met" if on_gpu and floors
+            else "; information (no floor applies)")
+    return passed(report.message + mfu + note, **kw)
+
+
+def _register(job: str, code: str, title: str) -> None:
+    def run(ctx: Context) -> Result:
+        return _job_check(ctx, job)
+
+    run.__doc__ = f"`python -m trainer {job}`: {title}. See docs/trainer.md."
+    check(f"train-{job}", code=code, title=title, level="standard", stage="acceptance",
+          timeout_s=LAUNCH_TIMEOUT_S + 120)(run)
+
+
+_register("dp", "ACC001", "DataParallel over all GPUs equals one GPU")
+_register("ddp", "ACC002", "DistributedDataParallel equals single-device training")
+_register("pipeline", "ACC003", "pipeline parallel (GPipe, 1F1B) equals the unsplit model")
+_register("hybrid", "ACC004", "pipeline x data parallel (2 stages x N replicas) equals one device")
+_register("syncbn", "ACC005", "SyncBatchNorm equals BatchNorm over the global batch")
+_register("single", "ACC006", "every GPU (and the CPU) trains alone in fp32 within the rounding "
+          "bound of float64")
+_register("localize", "ACC007", "every rank's local gradients on the same batch equal float64 "
+          "before the all-reduce (names a faulty GPU)")
+_register("fsdp", "ACC008", "FSDP2 (fully_shard) equals one device; bf16 mixed precision in band")
+_register("tp", "ACC009", "tensor parallel and 2D (data x tensor) equal one device")
+_register("bf16", "ACC010", "DDP under bf16 autocast keeps the loss within the band of fp32")
+_register("compile", "ACC011", "DDP over torch.compile equals eager and really compiles")
+_register("accum", "ACC012", "DDP with several buckets and no_sync accumulation equals one device")
+_register("loader", "ACC013", "DDP fed by DataLoader workers and DistributedSampler equals one "
+          "device")
+_register("ckpt", "ACC014", "checkpoint mid-run (rank-0 and DCP), resume, equal uninterrupted")
+_register("throughput", "ACC015", "GPT-style training throughput, MFU and weak scaling")

@@ -1,0 +1,180 @@
+"""Collective checks: NCCL (or gloo) correctness and bus bandwidth across the node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.hw.base import HardwareError
+from checks.hw.measure import busbw
+from checks.hw.measure import nccl_log as nccl_capture
+from checks.model import Result, error, fail, passed, skip
+from checks.node import rules
+from checks.node import workload_plan as plan
+from checks.node.context import Context
+from checks.node.registry import check
+
+REMEDY_HANG = ("rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,COLL) to see where the "
+               "named rank stops; check that GPU's xid-events, nvlink and pcie-link results and "
+               "nvidia-fabricmanager; NCCL_P2P_DISABLE=1 / NCCL_NVLS_ENABLE=0 isolate the "
+               "transport")
+REMEDY_WRONG = ("silent data corruption on the named rank's path: drain the node, run the "
+                "burn-in level and the DCGM diagnostics (dcgmi diag -r 3); reseat or RMA the GPU "
+                "or NVSwitch tray if it repeats")
+REMEDY_SLOW = ("check nvlink (links down), fabric-manager, pcie-link (downtrained), NCCL_* "
+               "variables that disable transports (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, "
+               "NCCL_NVLS_ENABLE=0), and that no other job shares the GPUs")
+FIGURE = {"all_reduce": "allreduce_busbw_gbs", "all_gather": "allgather_busbw_gbs",
+          "reduce_scatter": "reducescatter_busbw_gbs", "broadcast": "broadcast_busbw_gbs"}
+
+
+def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
+    """The profile's figure when it is for this many GPUs, else one derived from the links the
+    GPUs report (the slowest GPU sets the pace of a ring)."""
+    p = ctx.profile
+    figure = p.get("thresholds.allreduce_busbw_gbs")
+    per_node = p.get("gpus_per_node")
+    if figure is not None and (per_node is None or int(per_node) == nranks):
+        return rules.Threshold(float(figure), f"profile {p.name} thresholds.allreduce_busbw_gbs"
+                                              f" ({per_node or nranks} GPUs)")
+    try:
+        gpus = ctx.gpus[:nranks]
+    except HardwareError:
+        gpus = []
+    if not gpus:
+        return None
+    cc = p.get("compute_capability")
+    if cc is None:
+        try:
+            major, minor = gpus[0].handle.query("compute_capability")
+            cc = f"{major}.{minor}"
+        except (HardwareError, TypeError, ValueError):
+            cc = None
+    gens = [plan.query_int(g, "pcie_gen_max") for g in gpus]
+    widths = [plan.query_int(g, "pcie_width_max") for g in gpus]
+    return rules.derived_link_threshold(
+        nvlinks=min(plan.nvlinks_up(g) for g in gpus),
+        link_gbs=(p.get("collective.nvlink_link_gbs") or {}).get(str(cc)),
+        nvlink_fraction=float(p.get("collective.nvlink_fraction", 0.7)),
+        pcie_gen=min((g for g in gens if g), default=None),
+        pcie_width=min((w for w in widths if w), default=None),
+        pcie_fraction=float(p.get("collective.pcie_fraction", 0.3)))
+
+
+def _describe_error(e: dict[str, Any]) -> str:
+    where = (f"data from rank {e['source']}" if e.get("source") is not None else "result")
+    text = (f"{e['op']} on rank {e['rank']}, iteration {e['iteration']}: {e['wrong']} wrong "
+            f"element(s), first at index {e['index']} ({where}: got {e['got']:g}, expected "
+            f"{e['expected']:g})")
+    senders = e.get("senders_wrong")
+    if senders:
+        text += f"; the contribution of rank(s) {', '.join(map(str, senders))} was already wrong"
+    elif senders == []:
+        text += "; every rank's contribution was right: the transport or reduction broke"
+    return text
+
+
+def culprit_ranks(errors: list[dict[str, Any]]) -> list[int]:
+    """Senders of wrong data when known, else the ranks that saw wrong results."""
+    named = {r for e in errors for r in (e.get("senders_wrong") or [])}
+    named |= {int(e["source"]) for e in errors if e.get("source") is not None}
+    return sorted(named) or sorted({int(e["rank"]) for e in errors})
+
+
+def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
+                      on_gpu: bool) -> Result:
+    n = int(m["world_size"])
+    details: dict[str, Any] = {
+        "backend": m.get("backend"), "world_size": n, "env": m.get("env", {}),
+        "launch": {k: m.get(k) for k in ("summary", "duration_s", "returncode", "command",
+                                         "phase_s", "orphans_killed", "workdir") if k in m},
+        "check_iters": m.get("check_iters"), "check_elems": m.get("check_elems")}
+    if not m.get("ok"):
+        culprits = list(m.get("culprits") or [])
+        what = "hung" if m.get("hung") else "failed"
+        details.update(ranks=m.get("ranks"), log_tail=m.get("log_tail"), culprits=culprits)
+        leftover = m.get("leftover_pids") or []
+        extra = f"; {len(leftover)} process(es) could not be killed: {leftover}" if leftover else ""
+        return fail(f"collective {what}: {m.get('summary')}{extra}", value=culprits,
+                    expected="every rank finishes", details=details,
+                    remedy=REMEDY_HANG if m.get("hung") else
+                    "see the named rank's error and log tail; " + REMEDY_HANG)
+    ops = {op: [busbw.complete_row(op, r, n) for r in rows] for op, rows in m["ops"].items()}
+    figures = {FIGURE[op]: round(busbw.peak_busbw(rows), 3) for op, rows in ops.items() if rows}
+    if ops.get("all_reduce"):
+        figures["allreduce_latency_us"] = round(float(ops["all_reduce"][0]["time_us"]), 2)
+    details.update(figures=figures, curve=ops.get("all_reduce", []), ops=ops,
+                   table=m.get("table", ""))
+    errors = list(m.get("errors") or [])
+    sweep_wrong = {op: sum(int(r.get("wrong", 0)) for r in rows) for op, rows in ops.items()}
+    if errors or any(sweep_wrong.values()):
+        culprits = culprit_ranks(errors)
+        details.update(errors=errors, culprits=culprits)
+        text = "; ".join(_describe_error(e) for e in errors[:3]) or ", ".join(
+            f"{op}: {w} wrong element(s) in the sweep" for op, w in sweep_wrong.items() if w)
+        return fail(f"wrong results ({m.get('backend')}, {n} ranks): {text}", value=culprits,
+                    expected="exact results", details=details, remedy=REMEDY_WRONG)
+    peak = figures.get("allreduce_busbw_gbs", 0.0)
+    summary = (f"{n} ranks {m.get('backend')}: 4 collectives exact; all-reduce peak busbw "
+               f"{peak:.2f} GB/s")
+    if not on_gpu:
+        return passed(f"{summary} (CPU processes: bandwidth is information)", value=peak,
+                      unit="GB/s", details=details)
+    if threshold is None:
+        return passed(f"{summary} (no threshold: profile has none and the links are unknown)",
+                      value=peak, unit="GB/s", details=details)
+    expected = f">= {threshold.value:.0f} GB/s ({threshold.source})"
+    details["threshold_source"] = threshold.source
+    if peak < threshold.value:
+        return fail(f"{summary}, below {threshold.value:.0f} GB/s", value=peak, unit="GB/s",
+                    expected=expected, details=details, remedy=REMEDY_SLOW)
+    return passed(summary, value=peak, unit="GB/s", expected=expected, details=details)
+
+
+@check("nccl-allreduce", code="COL001",
+       title="collectives exact and fast: all-reduce sweep, all-gather, reduce-scatter, broadcast",
+       level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600)
+def nccl_allreduce(ctx: Context) -> Result:
+    """One process per GPU under torchrun (NCCL), or N CPU processes with gloo: exact integer
+    patterns through all-reduce, all-gather, reduce-scatter and broadcast, then an nccl-tests
+    sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
+    peak all-reduce busbw below the profile threshold (thresholds.allreduce_busbw_gbs) or one
+    derived from NVLink count / PCIe generation. On CPU the bandwidth is information."""
+    plat = plan.platform(ctx)
+    if plat.kind == "blocked":
+        return skip(plan.BLOCKED)
+    nproc = ctx.options.nproc or (plat.devices if plat.cuda
+                                  else int(ctx.profile.get("collective.nproc_cpu", 2)))
+    if nproc < 2:
+        return skip("a single GPU has nobody to talk to" if plat.cuda
+                    else "one rank has nobody to talk to (--nproc 2 or more)")
+    if plat.cuda:
+        # One rank per GPU: the ranks are the only processes with a CUDA context (this process
+        # creates none), so EXCLUSIVE_PROCESS GPUs are fine unless ranks would have to share.
+        per_gpu = -(-nproc // plat.devices)
+        gate = plan.compute_mode_gate(ctx, processes_per_gpu=per_gpu)
+        if gate:
+            return skip(gate)
+        if per_gpu > 1:
+            return skip(f"{nproc} ranks on {plat.devices} GPU(s): NCCL needs a GPU of its own "
+                        f"for every rank (--nproc at most {plat.devices})")
+    sweep = plan.setting(ctx, "collective.sweep", plat)
+    extra: dict[str, Any] = {}
+    with nccl_capture.capture(ctx.options.workdir and f"{ctx.options.workdir}/collective",
+                              plat.cuda) as cap:
+        if plat.cuda:  # NCCL's INFO log says which transport each channel used (nccl-transport)
+            extra["env"] = nccl_capture.debug_env(ctx.profile)
+        try:
+            m = ctx.hw.workload(
+                "collectives", nproc=nproc, sweep=sweep, backend="nccl" if plat.cuda else "gloo",
+                timeout_s=float(plan.setting(ctx, "collective.timeout_s", plat, 300)),
+                stall_s=float(plan.setting(ctx, "collective.stall_s", plat, 60)),
+                start_timeout_s=float(ctx.profile.get("collective.start_timeout_s", 120)),
+                workdir=cap.workdir, **extra)
+        except FileNotFoundError as exc:
+            return error(f"could not launch torchrun: {exc}")
+        log = cap.parse(m, simulated=ctx.hw.simulated)
+    result = judge_collectives(m, busbw_threshold(ctx, nproc) if plat.cuda else None, plat.cuda)
+    if log is not None:
+        result.details["nccl_log"] = log.to_dict()
+        result.details["transports"] = log.kinds
+    return result

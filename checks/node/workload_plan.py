@@ -1,0 +1,130 @@
+"""What the workload checks run on (GPUs or the CPU) and with which settings from the profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from checks.hw.base import HardwareError
+
+if TYPE_CHECKING:
+    from checks.node.context import Context, Gpu
+
+BLOCKED = ("blocked: NVIDIA GPUs are on the PCI bus but torch cannot use them (see driver-loaded, "
+           "cuda-compat and gpu-count)")
+
+
+@dataclass(frozen=True)
+class Platform:
+    kind: str  # "cuda" | "cpu" | "blocked"
+    devices: int  # CUDA devices torch sees (0 on the CPU)
+
+    @property
+    def cuda(self) -> bool:
+        return self.kind == "cuda"
+
+
+def platform(ctx: Context) -> Platform:
+    """GPUs when torch can use them; the CPU on a host with no NVIDIA device; otherwise
+    blocked (a GPU host whose CUDA stack is broken must not pass on the CPU path)."""
+    if not ctx.pci_gpus:
+        return Platform("cpu", 0)
+    info = ctx.hw.torch()
+    if info.error or not info.cuda_available or info.device_count == 0:
+        return Platform("blocked", 0)
+    return Platform("cuda", info.device_count)
+
+
+def setting(ctx: Context, dotted: str, plat: Platform, default: Any = None) -> Any:
+    """`dotted` from the profile, preferring its `_gpu` / `_cpu` variant for this platform."""
+    variant = ctx.profile.get(f"{dotted}_{'gpu' if plat.cuda else 'cpu'}")
+    return variant if variant is not None else ctx.profile.get(dotted, default)
+
+
+def find_row(rows: list[dict[str, Any]], gpu: Gpu) -> dict[str, Any] | None:
+    """The measurement row of one NVML GPU: matched by PCI address, else by index. None when
+    torch did not measure it (hidden by CUDA_VISIBLE_DEVICES, or lost)."""
+    pci = (gpu.device.pci or "").lower()
+    for row in rows:
+        if pci and row.get("pci") and str(row["pci"]).lower() == pci:
+            return row
+    if not any(row.get("pci") for row in rows):
+        for row in rows:
+            if row.get("index") == gpu.device.index:
+                return row
+    return None
+
+
+NOT_MEASURED = ("torch did not measure this GPU (hidden by CUDA_VISIBLE_DEVICES, or lost: see "
+                "gpu-count)")
+
+
+def nvlinks_up(gpu: Gpu) -> int:
+    try:
+        links = gpu.handle.query("nvlink") or []
+    except HardwareError:
+        return 0
+    return sum(1 for link in links if link.get("active"))
+
+
+def query_int(gpu: Gpu, field: str) -> int | None:
+    try:
+        value = gpu.handle.query(field)
+    except HardwareError:
+        return None
+    return int(value) if value is not None else None
+
+
+# nvmlDeviceGetComputeMode: "default" lets any number of processes use a GPU;
+# "exclusive_process" one process (with any number of threads); "prohibited" none.
+EXCLUSIVE, PROHIBITED = "exclusive_process", "prohibited"
+
+
+def compute_mode(gpu: Gpu) -> str | None:
+    """The GPU's compute mode, None when NVML cannot say (not supported, lost)."""
+    try:
+        value = gpu.handle.query("compute_mode")
+    except HardwareError:
+        return None
+    return str(value).lower() if value is not None else None
+
+
+def _names(gpus: list[Gpu]) -> str:
+    return ", ".join(f"GPU{g.device.index}" + (f" ({g.device.pci})" if g.device.pci else "")
+                     for g in gpus)
+
+
+def prohibited(ctx: Context) -> dict[str, str]:
+    """PCI address -> SKIP reason for every GPU whose compute mode is PROHIBITED."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return {}
+    return {str(g.device.pci).lower(): prohibited_reason([g]) for g in gpus
+            if g.device.pci and compute_mode(g) == PROHIBITED}
+
+
+def prohibited_reason(gpus: list[Gpu]) -> str:
+    return (f"compute mode PROHIBITED on {_names(gpus)}: no process may create a CUDA context "
+            f"there, so nothing can be measured (the compute-mode check FAILs it)")
+
+
+def compute_mode_gate(ctx: Context, *, processes_per_gpu: int) -> str | None:
+    """Why a check that uses every GPU together (P2P, collectives) cannot run under the GPUs'
+    compute modes, or None. The checks' own processes never share a GPU unless
+    processes_per_gpu > 1: the supervising process creates no CUDA context (measurements run
+    in a child, collectives under torchrun)."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return None
+    banned = [g for g in gpus if compute_mode(g) == PROHIBITED]
+    if banned:
+        return prohibited_reason(banned)
+    if processes_per_gpu > 1:
+        exclusive = [g for g in gpus if compute_mode(g) == EXCLUSIVE]
+        if exclusive:
+            return (f"needs {processes_per_gpu} processes on one GPU, but {_names(exclusive)} "
+                    f"is in compute mode EXCLUSIVE_PROCESS (one process per GPU): running it "
+                    f"would fail for the mode, not the hardware")
+    return None

@@ -1,0 +1,312 @@
+"""Supervise a torchrun launch: heartbeats, hard timeouts, whole-group kill, first-failure report.
+
+torchrun (`python -m torch.distributed.run`) starts the ranks; this module starts torchrun in a
+session of its own, watches the ranks' heartbeat files (see rank.py) and:
+- a rank that never starts (or a host that never joins) within `start_timeout_s` is named;
+- when no rank makes progress for `stall_s`, or `timeout_s` passes, the ranks whose progress
+  stopped first are named as hung, and torchrun with every rank is killed (SIGKILL), leaving no
+  process behind;
+- when a rank crashes, the rank, its exit code or signal and its last error are reported; a rank
+  that only failed because a peer vanished is not blamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.supervise import procs
+from checks.supervise.rank import ENV_WORKDIR
+
+# Errors a rank raises because another rank disappeared: the victim, not the cause.
+PEER_LOSS = re.compile(r"Connection (closed|reset) by peer|remote process exited|Broken pipe|"
+                       r"NCCL communicator was aborted|ProcessGroupGloo.*(closed|timed out)|"
+                       r"Socket Timeout|Connection refused|read error|EOF", re.IGNORECASE)
+FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+@dataclass
+class RankState:
+    rank: int
+    state: str  # ok | error | crashed | hung | stopped | missing
+    phase: str | None = None
+    seq: int = 0
+    heartbeat_age_s: float | None = None
+    exitcode: int | None = None
+    error: str | None = None
+    host: str | None = None
+    result: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.state == "hung":
+            age = f" for {self.heartbeat_age_s:.0f} s" if self.heartbeat_age_s is not None else ""
+            return f"{where} stopped heartbeating{age} (last heartbeat: '{self.phase}')"
+        if self.state == "missing":
+            return f"{where} never started (did not join)"
+        if self.state == "crashed":
+            how = _exit_text(self.exitcode)
+            return f"{where} crashed ({how}) after '{self.phase}'" + (
+                f": {self.error}" if self.error else "")
+        if self.state == "error":
+            return f"{where} failed after '{self.phase}': {self.error}"
+        return f"{where}: {self.state}"
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass
+class LaunchOutcome:
+    ok: bool
+    summary: str  # one line: what went wrong first, or "N ranks finished"
+    ranks: dict[int, RankState]
+    culprits: list[int] = field(default_factory=list)
+    duration_s: float = 0.0
+    returncode: int | None = None
+    command: list[str] = field(default_factory=list)
+    log_tail: str = ""
+    workdir: str = ""
+    hung: bool = False
+    leftover_pids: list[int] = field(default_factory=list)  # could not be killed
+    orphans_killed: list[int] = field(default_factory=list)  # outlived the launch, killed
+
+    @property
+    def results(self) -> dict[int, dict[str, Any]]:
+        return {r: s.result for r, s in sorted(self.ranks.items()) if s.result is not None}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _endpoint_is_local(endpoint: str) -> bool:
+    """True when the rendezvous address is one of this machine's own non-loopback addresses.
+    torchrun's c10d backend guesses whether to host the rendezvous store from what the hostname
+    resolves to; on a multi-homed leader whose hostname names another interface it guesses
+    wrong, nobody hosts the store and every node waits until its join timeout."""
+    import ipaddress
+
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        if ipaddress.ip_address(sockaddr[0]).is_loopback:
+            continue  # several "hosts" on one machine: let torchrun fall back to being a client
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((sockaddr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                     node_rank: int | None = None, local_addr: str | None = None,
+                     join_timeout_s: float = 60.0, python: str = sys.executable) -> list[str]:
+    cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           "--max-restarts=0", "--monitor-interval=0.1"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        # Static rendezvous on loopback: nothing listens beyond this host.
+        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                "--rdzv-backend=static", "--node-rank=0"]
+    else:
+        if rdzv_endpoint is None:
+            raise ValueError("a multi-node launch needs rdzv_endpoint HOST:PORT")
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                f"--rdzv-id={rdzv_id or 'nodecert'}",
+                f"--rdzv-conf=join_timeout={int(join_timeout_s)}"
+                + (",is_host=1" if _endpoint_is_local(rdzv_endpoint) else "")]
+        if node_rank is not None:
+            cmd.append(f"--node-rank={node_rank}")
+        if local_addr:
+            cmd.append(f"--local-addr={local_addr}")
+    return [*cmd, "-m", module, *args]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _heartbeats(workdir: Path) -> dict[int, dict[str, Any]]:
+    beats = {}
+    for path in workdir.glob("heartbeat-*.json"):
+        data = _read_json(path)
+        if data is not None:
+            beats[int(data["rank"])] = data
+    return beats
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], extra: list[int]) -> list[int]:
+    """SIGKILL torchrun, its process group, every descendant and the ranks' own pids."""
+    victims = set(procs.descendants(proc.pid)) | set(extra)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    left = procs.kill_all(sorted(victims))
+    proc.wait()
+    return left
+
+
+def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
+           stall_s: float | None = None, start_timeout_s: float = 120.0,
+           env: dict[str, str] | None = None, workdir: str | Path | None = None,
+           nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
+           rdzv_id: str | None = None, node_rank: int | None = None,
+           local_addr: str | None = None, python: str = sys.executable,
+           on_hang: Callable[[Path], object] | None = None) -> LaunchOutcome:
+    """Run `python -m module args` on `nproc` ranks (per node) under torchrun and supervise it.
+
+    `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the
+    trainer asks NCCL's flight recorder for its dump there).
+
+    `world_size` is the total over all nodes (default nproc * nnodes); heartbeats of remote
+    ranks are only visible when the workdir is shared, so on one node of a multi-node launch
+    only the local ranks are judged.
+    """
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-launch-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in workdir.glob("*.json"):
+        stale.unlink()
+    cmd = torchrun_command(module, args, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                           rdzv_id=rdzv_id, node_rank=node_rank, local_addr=local_addr,
+                           join_timeout_s=start_timeout_s, python=python)
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                **(env or {}), ENV_WORKDIR: str(workdir), "PYTHONUNBUFFERED": "1"}
+    log_path = workdir / "launcher.log"
+    expected = set(range(nproc)) if nnodes == 1 else None
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=True, stdin=subprocess.DEVNULL)
+        hung, reason = False, ""
+        last_total, last_progress = -1, start
+        while proc.poll() is None:
+            now = time.monotonic()
+            beats = _heartbeats(workdir)
+            total = sum(int(b["seq"]) for b in beats.values())
+            if total != last_total:
+                last_total, last_progress = total, now
+            started = set(beats)
+            all_started = (expected is None and started) or (expected and expected <= started)
+            if now - start > timeout_s:
+                hung, reason = True, f"did not finish within {timeout_s:g} s"
+            elif not all_started and now - start > start_timeout_s:
+                hung, reason = True, f"not every rank started within {start_timeout_s:g} s"
+            elif all_started and stall_s and now - last_progress > stall_s:
+                hung, reason = True, f"no progress for {stall_s:g} s"
+            if hung:
+                break
+            time.sleep(0.1)
+        beats = _heartbeats(workdir)
+        leftovers: list[int] = []
+        if hung:
+            if on_hang is not None:
+                on_hang(workdir)
+            leftovers = _kill_tree(proc, [int(b["pid"]) for b in beats.values()])
+    # Anything still marked with this launch's workdir (a rank that escaped the process group
+    # or outlived torchrun) is an orphan: kill it and say so.
+    orphans = procs.with_env(ENV_WORKDIR, str(workdir))
+    leftovers = sorted(set(leftovers) | set(procs.kill_all(orphans)))
+    duration = time.monotonic() - start
+    log_text = log_path.read_text(errors="replace")
+    ranks = _rank_states(workdir, beats, log_text, hung, nproc if nnodes == 1 else None)
+    outcome = LaunchOutcome(ok=False, summary="", ranks=ranks, duration_s=duration,
+                            returncode=proc.returncode, command=cmd,
+                            log_tail="\n".join(log_text.splitlines()[-40:]),
+                            workdir=str(workdir), hung=hung, leftover_pids=leftovers,
+                            orphans_killed=orphans)
+    _judge(outcome, reason, world_size or nproc * nnodes)
+    return outcome
+
+
+def _rank_states(workdir: Path, beats: dict[int, dict[str, Any]], log_text: str, hung: bool,
+                 nproc: int | None) -> dict[int, RankState]:
+    now = time.time()
+    exitcodes = {int(r): int(c) for r, c in FAILURE_BLOCK.findall(log_text)}
+    ranks = set(beats) | set(exitcodes) | set(range(nproc or 0))
+    states = {}
+    for rank in sorted(ranks):
+        beat = beats.get(rank, {})
+        st = RankState(rank=rank, state="stopped", phase=beat.get("phase"), seq=beat.get("seq", 0),
+                       heartbeat_age_s=now - beat["time"] if beat else None,
+                       host=beat.get("host"), exitcode=exitcodes.get(rank))
+        result = _read_json(workdir / f"result-{rank}.json")
+        error = _read_json(workdir / f"error-{rank}.json")
+        if result is not None:
+            st.state, st.result, st.exitcode = "ok", result, st.exitcode or 0
+        elif error is not None:
+            st.state, st.error = "error", error.get("error")
+            st.phase = error.get("phase", st.phase)
+        elif rank in exitcodes and exitcodes[rank] != -signal.SIGTERM:
+            # SIGTERM comes from torchrun stopping the survivors; anything else is the rank's own
+            # (including a rank that died before its first heartbeat).
+            st.state = "crashed"
+            st.phase = st.phase or "start-up"
+        elif not beat:
+            st.state = "missing"
+        states[rank] = st
+    return states
+
+
+def _judge(outcome: LaunchOutcome, reason: str, world_size: int) -> None:
+    ranks = outcome.ranks
+    if outcome.hung:
+        live = [s for s in ranks.values() if s.state in ("stopped", "missing")]
+        missing = [s for s in live if s.state == "missing"]
+        if missing:
+            culprits = missing
+        else:
+            # Peers block inside the collective the stuck rank never entered: the ranks with
+            # the least progress are the ones that stopped.
+            low = min((s.seq for s in live), default=0)
+            culprits = [s for s in live if s.seq == low] or live
+            for s in culprits:
+                s.state = "hung"
+        outcome.culprits = [s.rank for s in culprits]
+        outcome.summary = f"{reason}: " + "; ".join(s.describe() for s in culprits) + \
+            "; process group killed"
+        return
+    failed = [s for s in ranks.values() if s.state in ("error", "crashed", "missing")]
+    done = [s for s in ranks.values() if s.state == "ok"]
+    if not failed and outcome.returncode == 0 and len(done) >= min(world_size, len(ranks)) and done:
+        outcome.ok = True
+        outcome.summary = f"{len(done)} rank(s) finished"
+        return
+    if not failed:
+        tail = outcome.log_tail.strip().splitlines()[-1:] or ["no output"]
+        outcome.summary = f"launcher exited with status {outcome.returncode}: {tail[0]}"
+        return
+    # Blame the ranks that failed on their own, not the ones that lost a peer.
+    causes = [s for s in failed if s.state == "crashed" or not PEER_LOSS.search(s.error or "")]
+    culprits = causes or failed
+    outcome.culprits = [s.rank for s in culprits]
+    outcome.summary = "; ".join(s.describe() for s in culprits)
