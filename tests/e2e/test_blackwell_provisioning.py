@@ -229,8 +229,9 @@ def test_rules_need_every_gpu_and_read_dmi(node_facts):
     assert node_facts.platform(rules, mixed, [], None)["name"] == "pcie"
     assert node_facts.platform(rules, [], [], None) == {"name": "none", "fabric": "none"}
     site = [{"name": "my-b200-box", "dmi": "^SYS-B200", "fabric": "nvlink5"}, *rules]
-    assert node_facts.platform(site, _gpus("2901", 1, "Blackwell"), [], "SYS-B200-X\n")["name"] == "my-b200-box"
-    assert node_facts.platform(site, _gpus("2901", 1, "Blackwell"), [], "Other")["name"] == "pcie"
+    one_b200 = _gpus("2901", 1, "Blackwell")
+    assert node_facts.platform(site, one_b200, [], "SYS-B200-X\n")["name"] == "my-b200-box"
+    assert node_facts.platform(site, one_b200, [], "Other")["name"] == "pcie"
 
 
 def test_every_blackwell_profile_id_has_a_platform():

@@ -8,7 +8,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={"facts": {"type": "dict", "required": True}}, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={"facts": {"type": "dict", "required": True}}, supports_check_mode=True
+    )
     module.exit_json(changed=False, ansible_facts=module.params["facts"])
 
 
