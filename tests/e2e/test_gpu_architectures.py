@@ -52,6 +52,10 @@ EXPECTED = {
     "2348": "Grace Hopper",
     "2901": "Blackwell",
     "2941": "Blackwell",
+    # Blackwell Ultra: the b300 / gb300-nvl72 profiles' IDs (pci.ids as quoted there).
+    "3182": "Blackwell",
+    "31c2": "Blackwell",
+    "31c3": "Blackwell",
 }
 MODULES = {
     "Pascal": "proprietary_only",

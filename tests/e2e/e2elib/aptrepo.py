@@ -3,7 +3,8 @@
 Packages carry the real names the roles install (Ubuntu's -server driver packages, Canonical's
 precompiled module packages, cuda-toolkit-X-Y, libnccl2, nvidia-fabricmanager-<branch>...) but
 only stub files. Two kinds: what only NVIDIA's CUDA repository ships (cuda-keyring, cuda-toolkit-X-Y,
-libnccl2/-dev, the unversioned nvidia-fabricmanager from 580, nvidia-driver-pinning-<branch>),
+libnccl2/-dev, the unversioned nvidia-fabricmanager, nvidia-imex and libnvsdm from 580, nvlsm,
+nvidia-driver-pinning-<branch>),
 and stand-ins for Canonical's packages (Ubuntu's restricted/multiverse) served from the same URL
 so that Debian 12 roots can play Ubuntu GPU nodes (those tests set preflight_gpu_distributions).
 The layout is NVIDIA's flat one: <root>/compute/cuda/repos/<distro>/<arch>/,
@@ -43,6 +44,14 @@ PENDING_KERNEL = "6.98.0-2-generic"
 # nvidia-fabricmanager 580.65.06-1", NVIDIA/gpu-driver-container#451). The stand-in has the
 # versioned name (Ubuntu's, multiverse) for 580 and only NVIDIA's unversioned one for 590.
 UNVERSIONED_FABRIC_MANAGER = ("590",)
+# NVLink5 and NVL72 packages of NVIDIA's repository, names as NVIDIA's driver container installs
+# them from it (gpu-driver-container ubuntu22.04/install.sh: "libnvsdm=${DRIVER_VERSION}-1" and
+# "nvidia-imex=${DRIVER_VERSION}-1" from branch 580, "nvlsm infiniband-diags" unpinned; "libnvsdm
+# packages are not available for arm64"). nvlsm has date versions of its own:
+# nvlsm_2025.10.11-1_amd64.deb under ubuntu2204/x86_64/, nvlsm_2025.10.14-1_arm64.deb under sbsa
+# (public AMI build notes and a GB200 image script quoting those file names). Their Depends are
+# not modelled: no public control file of these packages was found.
+NVLSM_VERSIONS = {"amd64": "2025.10.11-1", "arm64": "2025.10.14-1"}
 
 
 @dataclass
@@ -172,6 +181,50 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                         },
                     )
                 )
+        for build in (version, OLDER_FABRIC_MANAGER[branch]):
+            deb = f"{build}-1"
+            packages.append(
+                Package(
+                    "nvidia-imex",
+                    deb,
+                    files={
+                        "lib/systemd/system/nvidia-imex.service": (
+                            textwrap.dedent("""\
+                    [Unit]
+                    Description=NVIDIA IMEX service
+
+                    [Service]
+                    Type=forking
+                    ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg
+
+                    [Install]
+                    WantedBy=multi-user.target
+                    """),
+                            0o644,
+                        ),
+                        "etc/nvidia-imex/config.cfg": (
+                            "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n",
+                            0o644,
+                        ),
+                        "usr/bin/nvidia-imex": _script(f'echo "IMEX version is: {build}"\n'),
+                    },
+                )
+            )
+            if architecture != "arm64":
+                packages.append(
+                    Package(
+                        "libnvsdm",
+                        deb,
+                        files={f"usr/lib/x86_64-linux-gnu/libnvsdm.so.{build}": ("stand-in\n", 0o644)},
+                    )
+                )
+    packages.append(
+        Package(
+            "nvlsm",
+            NVLSM_VERSIONS.get(architecture, NVLSM_VERSIONS["amd64"]),
+            files={"usr/share/doc/nvlsm/stand-in": ("NVLink subnet manager stand-in\n", 0o644)},
+        )
+    )
     dashed = CUDA_VERSION.replace(".", "-")
     packages += [
         Package(
@@ -354,7 +407,7 @@ def nvidia_only(package: Package) -> bool:
     """What only NVIDIA's CUDA repository ships (the rest is in Ubuntu's archive)."""
     return (
         package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
-        or package.name == "nvidia-fabricmanager"
+        or package.name in ("nvidia-fabricmanager", "nvidia-imex", "libnvsdm", "nvlsm")
     )
 
 

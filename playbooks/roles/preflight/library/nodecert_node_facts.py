@@ -37,17 +37,36 @@ options:
     description: Path whose file system's free space is reported.
     type: path
     default: /
+  dmi_product_path:
+    description: File holding the DMI product name (the system builder's model).
+    type: path
+    default: /sys/class/dmi/id/product_name
+  platforms:
+    description:
+      - Ordered list of platform rules; the first that matches names the platform. A rule has
+        C(name), C(fabric) and any of C(device_ids) (every GPU's device ID is one of them),
+        C(architectures) (every GPU's architecture is one of them), C(min_gpus), C(nvswitch)
+        (NVSwitches on the PCI bus or not) and C(dmi) (regular expression the DMI product name
+        must match). A rule without conditions matches any node with a GPU.
+    type: list
+    elements: dict
+    default: []
+  platform:
+    description: C(auto) picks the platform from the rules; a rule's name forces that platform.
+    type: str
+    default: auto
 """
 
 RETURN = r"""
 ansible_facts:
-  description: C(nodecert_node) with gpus, nvswitches, secure_boot, loaded_driver_version,
-    nouveau_loaded, systemd_running and free_disk_mb.
+  description: C(nodecert_node) with gpus, nvswitches, platform, platform_fabric, dmi_product,
+    secure_boot, loaded_driver_version, nouveau_loaded, systemd_running and free_disk_mb.
   returned: always
   type: dict
 """
 
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -102,6 +121,31 @@ def pci_devices(path: str, architectures: list[dict], models: dict) -> tuple[lis
     return gpus, nvswitches
 
 
+def _rule_matches(rule: dict, gpus: list, nvswitches: list, dmi: str) -> bool:
+    ids = {str(i).lower().removeprefix("0x").zfill(4) for i in rule.get("device_ids") or []}
+    if ids and not all(g["device_id"] in ids for g in gpus):
+        return False
+    architectures = rule.get("architectures") or []
+    if architectures and not all(g["architecture"] in architectures for g in gpus):
+        return False
+    if len(gpus) < int(rule.get("min_gpus") or 1):
+        return False
+    if rule.get("nvswitch") is not None and bool(nvswitches) != bool(rule["nvswitch"]):
+        return False
+    return not rule.get("dmi") or re.search(str(rule["dmi"]), dmi or "") is not None
+
+
+def platform(rules: list[dict], gpus: list, nvswitches: list, dmi: str | None) -> dict:
+    """The first rule every GPU (and the bus, and the DMI product name) satisfies; 'none' without
+    a GPU, 'unknown' when no rule matches."""
+    if not gpus:
+        return {"name": "none", "fabric": "none"}
+    for rule in rules:
+        if _rule_matches(rule, gpus, nvswitches, dmi or ""):
+            return {"name": str(rule["name"]), "fabric": str(rule.get("fabric", "none"))}
+    return {"name": "unknown", "fabric": "none"}
+
+
 def secure_boot(efivars: str) -> str:
     """'enabled', 'disabled', or 'unsupported' (no EFI: legacy BIOS boot)."""
     if not os.path.isdir(efivars):
@@ -139,15 +183,30 @@ def main() -> None:
             "architectures": {"type": "list", "elements": "dict", "default": []},
             "models": {"type": "dict", "default": {}},
             "disk_path": {"type": "path", "default": "/"},
+            "dmi_product_path": {"type": "path", "default": "/sys/class/dmi/id/product_name"},
+            "platforms": {"type": "list", "elements": "dict", "default": []},
+            "platform": {"type": "str", "default": "auto"},
         },
         supports_check_mode=True,
     )
     params = module.params
     gpus, nvswitches = pci_devices(params["pci_devices_path"], params["architectures"], params["models"])
+    dmi = _read(params["dmi_product_path"])
+    if params["platform"] == "auto":
+        found = platform(params["platforms"], gpus, nvswitches, dmi)
+    else:
+        chosen = [r for r in params["platforms"] if r.get("name") == params["platform"]]
+        if not chosen:
+            names = ", ".join(str(r.get("name")) for r in params["platforms"])
+            module.fail_json(msg=f"unknown platform {params['platform']!r}; known: auto, {names}")
+        found = {"name": params["platform"], "fabric": str(chosen[0].get("fabric", "none"))}
     stat = os.statvfs(params["disk_path"])
     facts = {
         "gpus": gpus,
         "nvswitches": nvswitches,
+        "platform": found["name"],
+        "platform_fabric": found["fabric"],
+        "dmi_product": dmi,
         "secure_boot": secure_boot(params["efivars_path"]),
         "loaded_driver_version": loaded_driver_version(),
         "nouveau_loaded": module_loaded("nouveau"),
