@@ -39,8 +39,8 @@ endif
 system-deps:
 	@bash .ci/system-deps.sh
 
-# Two workers (the machine has 2 cores): the e2e suite on one while the others run on the other;
-# each suite directory stays on one worker (tests/conftest.py). TEST_JOBS=0 runs in-process.
+# Two workers (the machine has 2 cores); each test file stays on one worker, so its module
+# fixtures are built once (tests/conftest.py). TEST_JOBS=0 runs in-process.
 TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
 	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup) $(ARGS)
