@@ -77,13 +77,14 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
         raise ValueError(f"unknown mode {mode!r} (all, pairs)")
     rounds: list[list[dict[str, Any]]] = []
     port = base_port
-    for rail in rails or [None]:
+    pinned: list[Rail | None] = list(rails) if rails else [None]
+    for rail in pinned:
         prefix = f"{rail.name}-" if rail else ""
         for r, layout in enumerate(layouts):
             groups: list[dict[str, Any]] = []
             for g, members in enumerate(layout):
                 leader = members[0]
-                group = {"id": f"{prefix}r{r}g{g}", "hosts": members, "port": port,
+                group: dict[str, Any] = {"id": f"{prefix}r{r}g{g}", "hosts": members, "port": port,
                          "endpoint": f"{addresses.get(leader, leader)}:{port}",
                          "rdzv_id": f"{run_id}-{prefix}r{r}g{g}"}
                 if rail:
@@ -99,7 +100,7 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
                                       "node_rank": rank, "endpoint": group["endpoint"],
                                       "rdzv_id": group["rdzv_id"],
                                       **({"rail": group["rail"]} if "rail" in group else {})})
-    out = {"mode": mode, "rounds": rounds, "hosts": by_host,
+    out: dict[str, Any] = {"mode": mode, "rounds": rounds, "hosts": by_host,
            "busbw_rule": {"min_busbw_gbs": min_busbw_gbs, "slow_pct": slow_pct}}
     if rails:
         out["rails"] = [r.to_dict() for r in rails]
