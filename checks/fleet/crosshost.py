@@ -365,7 +365,9 @@ def _attribute(chk: dict[str, Any], host: str, verdict: GroupVerdict | None) -> 
             continue
         slow_pass = verdict.slow and result["status"] == "PASS" and chk["id"] == "xhost-collective"
         if host not in verdict.culprits and (result["status"] in ("FAIL", "ERROR") or slow_pass):
+            # A WARN carries a fault code (report schema); a PASS that became a WARN had none.
             result["status"] = "WARN"
+            result["fault_code"] = result.get("fault_code") or chk.get("code", "XHOST001")
             result["message"] = (f"group {group}{on_rail} failed because of "
                                  f"{', '.join(verdict.culprits)} ({verdict.reason}); this host's "
                                  f"own view: {result['message']}")

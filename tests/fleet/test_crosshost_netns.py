@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importlib mode: 
 from netlab import NetLab, missing_tools
 
 from checks.fleet import cli as fleet_cli
-from checks.fleet import crosshost
+from checks.fleet import crosshost, load
 from checks.rails import parse_rails
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,6 +254,11 @@ def test_slow_rail_of_one_host_is_named_with_its_rail(lab: NetLab, tmp_path: Pat
     assert by_rail == {"rail0": {"PASS"}, "rail1": {"FAIL"}}, by_rail
     assert "h3 rail1 (-/data1) too slow" in run.messages["h3"]
     assert "vs best rail" in run.messages["h3"]
+    # The merged reports stay valid (a victim's WARN carries a fault code): the fleet report
+    # reads every host, none is "report unreadable".
+    for host in lab.hosts:
+        found = load.read(tmp_path / "run" / f"{host}.json", validate=load.validator())
+        assert found is not None and found.report is not None, found
     assert run.fleet_exit == 1
 
 
