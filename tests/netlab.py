@@ -6,7 +6,9 @@ address of this machine). A host runs commands with its own hostname and its own
 (UTS and mount namespaces, as tests/fleet/slurmcluster.py does), so name resolution behaves as
 on a cluster; its /etc/resolv.conf points at its own loopback, so no DNS query leaves the lab.
 Faults are real kernel state: `tc` rate limits (tbf), a link set down, a blackhole
-route, a second interface that the hostname resolves to but that reaches no one.
+route, a second interface that the hostname resolves to but that reaches no one. Rails: every
+host can get more data interfaces ("data1", ...), each network on a bridge of its own, like the
+one-NIC-per-rail networks of a GPU cluster; a fault can then hit one host on one rail.
 
 Names carry the pid and a counter, subnets are 10.243-252.x.0/24 (slurmcluster uses 213-242),
 so several labs can exist at once. stop() kills every process left in the namespaces and deletes
@@ -49,6 +51,7 @@ class NetLab:
     bridges: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     resolve: dict[str, str] = field(default_factory=dict)  # hostname -> address in /etc/hosts
+    rails: dict[str, tuple[str, int]] = field(default_factory=dict)  # ifname -> (subnet, number)
 
     def __post_init__(self) -> None:
         n = next(_instances)
@@ -59,14 +62,17 @@ class NetLab:
         self.base.mkdir(parents=True, exist_ok=True)
 
     # -- names and addresses ---------------------------------------------------------------
-    def addr(self, host: str) -> str:
-        return f"{self.subnet}.{11 + list(self.hosts).index(host)}"
+    def addr(self, host: str, ifname: str = "data0") -> str:
+        subnet = self.rails[ifname][0] if ifname != "data0" else self.subnet
+        return f"{subnet}.{11 + list(self.hosts).index(host)}"
 
     def netns(self, host: str) -> str:
         return f"{self.tag}-{host}"
 
-    def veth(self, host: str) -> str:
+    def veth(self, host: str, ifname: str = "data0") -> str:
         """The bridge-side end of the host's data link (where a test can cut or shape it)."""
+        if ifname != "data0":
+            return f"{self.tag}d{self.rails[ifname][1]}v{list(self.hosts).index(host)}"
         return f"{self.tag}v{list(self.hosts).index(host)}"
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -138,14 +144,16 @@ class NetLab:
         (self.base / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     # -- faults ------------------------------------------------------------------------------
-    def rate_limit(self, host: str, rate: str = "20mbit", peer: str | None = None) -> None:
+    def rate_limit(self, host: str, rate: str = "20mbit", peer: str | None = None,
+                   ifname: str = "data0") -> None:
         """Without `peer`: a token bucket (tbf) on both directions of the host's data link (its
-        own egress, and the bridge side's egress towards it). With `peer`: only what the host
-        sends to that address, through an htb class (everything else unshaped)."""
+        own egress, and the bridge side's egress towards it), of `ifname` (a rail). With `peer`:
+        only what the host sends to that address over data0, through an htb class (everything
+        else unshaped)."""
         ns = ["-n", self.netns(host)]
         if peer is None:
-            for args in ([*ns, "qdisc", "add", "dev", "data0"],
-                         ["qdisc", "add", "dev", self.veth(host)]):
+            for args in ([*ns, "qdisc", "add", "dev", ifname],
+                         ["qdisc", "add", "dev", self.veth(host, ifname)]):
                 _run("tc", *args, "root", "tbf", "rate", rate, "burst", "32kbit",
                      "latency", "400ms")
             return
@@ -177,6 +185,22 @@ class NetLab:
         self.resolve[host] = address
         self.write_hosts()
         return address
+
+    def add_rail(self, ifname: str = "data1") -> str:
+        """One more data network: every host gets `ifname` with an address on a bridge of its own
+        (a second rail). No route or hostname points at it: traffic takes it only when a program
+        binds to it (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Returns the subnet."""
+        if ifname == "data0" or ifname in self.rails:
+            raise ValueError(f"{ifname} exists already")
+        number = len(self.rails) + 1
+        subnet = f"10.{self.second}.{(os.getpid() + 100 + number) % 250}"
+        self.rails[ifname] = (subnet, number)
+        bridge = f"{self.tag}b{number}"
+        self._add_bridge(bridge)
+        for host in self.hosts:
+            self._leg(host, self.veth(host, ifname), ifname, bridge,
+                      f"{self.addr(host, ifname)}/24")
+        return subnet
 
     # -- pieces ------------------------------------------------------------------------------
     def _add_bridge(self, name: str) -> None:

@@ -17,15 +17,25 @@ link, so only pairs mode can tell the slow host (every pair with it is slow) fro
 Node reports live in reports/<run-id>/crosshost/<group>/<host>.json; `merge` folds each host's
 results into reports/<run-id>/<host>.json (victims of another host's fault become WARN naming the
 culprit), so the fleet report, HTML, Prometheus and Slurm see them like any other check.
+
+Per-rail runs (`rails` in the plan, checks/node/rails.py): the mode's rounds once per rail, each group
+pinned to one rail. The bandwidth rule compares every group of the run (all rails of one fabric
+should measure alike), and pairs mode judges each rail on its own: a host whose every pair on
+rail1 is slow while its rail0 pairs are fine is named with that rail (`rail_suspects`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checks import cliutil
+from checks.node.rails import Rail, parse_rails
 from checks.supervise.launch import PEER_LOSS
 
 XHOST_IDS = ("xhost-collective", "xhost-ddp")
@@ -45,10 +55,12 @@ def _groups(hosts: list[str], shift: int) -> list[list[str]]:
 
 def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: str = "nodecert",
          addresses: dict[str, str] | None = None, min_busbw_gbs: float | None = None,
-         slow_pct: float = DEFAULT_SLOW_PCT) -> dict[str, Any]:
+         slow_pct: float = DEFAULT_SLOW_PCT, rails: list[Rail] | None = None) -> dict[str, Any]:
     """Rounds of groups; each group has its leader (first host: rendezvous endpoint), port and id.
     Groups of a round get distinct ports, so several can share one machine in tests. The
-    bandwidth rule travels with the plan, so the merge judges by what was planned."""
+    bandwidth rule travels with the plan, so the merge judges by what was planned. With `rails`
+    the mode's rounds repeat once per rail (one rail at a time), each group carrying its rail;
+    the rendezvous stays on the hosts' addresses, the data moves over the rail."""
     if min_busbw_gbs is not None and min_busbw_gbs <= 0:
         raise ValueError(f"min_busbw_gbs must be > 0 (got {min_busbw_gbs:g})")
     if not 0 < slow_pct < 100:
@@ -69,24 +81,34 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
         raise ValueError(f"unknown mode {mode!r} (all, pairs)")
     rounds: list[list[dict[str, Any]]] = []
     port = base_port
-    for r, layout in enumerate(layouts):
-        groups: list[dict[str, Any]] = []
-        for g, members in enumerate(layout):
-            leader = members[0]
-            groups.append({"id": f"r{r}g{g}", "hosts": members, "port": port,
-                           "endpoint": f"{addresses.get(leader, leader)}:{port}",
-                           "rdzv_id": f"{run_id}-r{r}g{g}"})
-            port += 1
-        rounds.append(groups)
+    pinned: list[Rail | None] = list(rails) if rails else [None]
+    for rail in pinned:
+        prefix = f"{rail.name}-" if rail else ""
+        for r, layout in enumerate(layouts):
+            groups: list[dict[str, Any]] = []
+            for g, members in enumerate(layout):
+                leader = members[0]
+                group: dict[str, Any] = {"id": f"{prefix}r{r}g{g}", "hosts": members, "port": port,
+                         "endpoint": f"{addresses.get(leader, leader)}:{port}",
+                         "rdzv_id": f"{run_id}-{prefix}r{r}g{g}"}
+                if rail:
+                    group["rail"] = rail.to_dict()
+                groups.append(group)
+                port += 1
+            rounds.append(groups)
     by_host: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
     for groups in rounds:
         for group in groups:
             for rank, host in enumerate(group["hosts"]):
                 by_host[host].append({"group": group["id"], "nnodes": len(group["hosts"]),
                                       "node_rank": rank, "endpoint": group["endpoint"],
-                                      "rdzv_id": group["rdzv_id"]})
-    return {"mode": mode, "rounds": rounds, "hosts": by_host,
-            "busbw_rule": {"min_busbw_gbs": min_busbw_gbs, "slow_pct": slow_pct}}
+                                      "rdzv_id": group["rdzv_id"],
+                                      **({"rail": group["rail"]} if "rail" in group else {})})
+    out: dict[str, Any] = {"mode": mode, "rounds": rounds, "hosts": by_host,
+           "busbw_rule": {"min_busbw_gbs": min_busbw_gbs, "slow_pct": slow_pct}}
+    if rails:
+        out["rails"] = [r.to_dict() for r in rails]
+    return out
 
 
 @dataclass
@@ -99,10 +121,19 @@ class GroupVerdict:
     busbw_gbs: float | None = None  # the lowest all-reduce busbw its hosts measured
     slow: bool = False              # finished, but below the bandwidth rule
     host_evidence: bool = False     # culprits named from their own state, not from the pairing
+    rail: dict[str, Any] | None = None  # per-rail run: the rail this group was pinned to
+    best_gbs: float | None = None   # the best group's busbw the slow rule compared with
+
+    @property
+    def rail_label(self) -> str:
+        return Rail.from_dict(self.rail).label if self.rail else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "hosts": self.hosts, "ok": self.ok, "culprits": self.culprits,
-                "reason": self.reason, "busbw_gbs": self.busbw_gbs, "slow": self.slow}
+        out = {"id": self.id, "hosts": self.hosts, "ok": self.ok, "culprits": self.culprits,
+               "reason": self.reason, "busbw_gbs": self.busbw_gbs, "slow": self.slow}
+        if self.rail:
+            out.update(rail=self.rail, best_gbs=self.best_gbs)
+        return out
 
 
 @dataclass
@@ -111,10 +142,16 @@ class Analysis:
     groups: list[GroupVerdict]
     suspects: list[str] = field(default_factory=list)  # hosts to blame
     bad_links: list[list[str]] = field(default_factory=list)
+    # Per-rail runs: [{"host", "rail", "hca", "ifname"}] and [{"hosts", "rail", ...}]
+    rail_suspects: list[dict[str, Any]] = field(default_factory=list)
+    rail_links: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "groups": [g.to_dict() for g in self.groups],
-                "suspects": self.suspects, "bad_links": self.bad_links}
+        out = {"mode": self.mode, "groups": [g.to_dict() for g in self.groups],
+               "suspects": self.suspects, "bad_links": self.bad_links}
+        if any(g.rail for g in self.groups):
+            out.update(rail_suspects=self.rail_suspects, rail_links=self.rail_links)
+        return out
 
 
 def _results(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -208,28 +245,53 @@ def _judge_group(group: dict[str, Any], reports: dict[str, dict[str, Any]]) -> G
 def analyse(the_plan: dict[str, Any], node_reports: dict[str, dict[str, dict[str, Any]]]
             ) -> Analysis:
     """`node_reports[group_id][host]` = that host's cross-host report for the group."""
-    verdicts = [_judge_group(g, node_reports.get(g["id"], {}))
-                for groups in the_plan.get("rounds", []) for g in groups]
+    verdicts = []
+    for groups in the_plan.get("rounds", []):
+        for g in groups:
+            verdict = _judge_group(g, node_reports.get(g["id"], {}))
+            verdict.rail = g.get("rail")
+            verdicts.append(verdict)
     _apply_busbw_rule(verdicts, the_plan.get("busbw_rule") or {})
     analysis = Analysis(the_plan.get("mode", "all"), verdicts)
-    if analysis.mode == "pairs":
-        ok_hosts = {h for v in verdicts if v.ok for h in v.hosts}
-        for v in verdicts:
-            if v.ok or v.host_evidence:
-                continue
-            if all(h in ok_hosts for h in v.hosts):
-                analysis.bad_links.append(v.hosts)
-        every_failed = {h for v in verdicts for h in v.hosts} - ok_hosts
-        every_failed |= {h for v in verdicts if v.host_evidence for h in v.culprits}
-        analysis.suspects = sorted(every_failed)
-        # Pairs know more than one group: blame the suspect in a group, or the link itself.
-        for v in verdicts:
-            if not v.ok:
-                named = [h for h in v.hosts if h in every_failed]
-                v.culprits = named or (list(v.hosts) if v.slow or not v.culprits else v.culprits)
-    else:
-        analysis.suspects = sorted({c for v in verdicts if not v.ok for c in v.culprits})
+    # Each rail is judged on its own: a host slow on rail1 is not excused by its rail0 pairs.
+    by_rail: dict[str, list[GroupVerdict]] = {}
+    for v in verdicts:
+        by_rail.setdefault((v.rail or {}).get("name", ""), []).append(v)
+    suspects: set[str] = set()
+    for rail_name, members in by_rail.items():
+        if analysis.mode == "pairs":
+            named, links = _pairs_culprits(members)
+        else:
+            named = sorted({c for v in members if not v.ok for c in v.culprits})
+            links = []
+        suspects |= set(named)
+        for link in links:
+            if link not in analysis.bad_links:
+                analysis.bad_links.append(link)
+        rail = members[0].rail
+        if rail:
+            analysis.rail_suspects += [{"host": h, "rail": rail_name, "hca": rail.get("hca"),
+                                        "ifname": rail.get("ifname")} for h in named]
+            analysis.rail_links += [{"hosts": link, "rail": rail_name, "hca": rail.get("hca"),
+                                     "ifname": rail.get("ifname")} for link in links]
+    analysis.suspects = sorted(suspects)
     return analysis
+
+
+def _pairs_culprits(verdicts: list[GroupVerdict]) -> tuple[list[str], list[list[str]]]:
+    """Pairs mode over the groups of one rail (or of a run without rails): the hosts that failed
+    in every group (suspects) and the pairs that failed while both hosts passed elsewhere."""
+    ok_hosts = {h for v in verdicts if v.ok for h in v.hosts}
+    links = [v.hosts for v in verdicts
+             if not v.ok and not v.host_evidence and all(h in ok_hosts for h in v.hosts)]
+    every_failed = {h for v in verdicts for h in v.hosts} - ok_hosts
+    every_failed |= {h for v in verdicts if v.host_evidence for h in v.culprits}
+    # Pairs know more than one group: blame the suspect in a group, or the link itself.
+    for v in verdicts:
+        if not v.ok:
+            named = [h for h in v.hosts if h in every_failed]
+            v.culprits = named or (list(v.hosts) if v.slow or not v.culprits else v.culprits)
+    return sorted(every_failed), links
 
 
 def _apply_busbw_rule(verdicts: list[GroupVerdict], rule: dict[str, Any]) -> None:
@@ -244,9 +306,10 @@ def _apply_busbw_rule(verdicts: list[GroupVerdict], rule: dict[str, Any]) -> Non
         if floor is not None and v.busbw_gbs < float(floor):
             why.append(f"below the floor of {float(floor):g} GB/s")
         if best and v.busbw_gbs < best * (1 - pct / 100):
-            why.append(f"more than {pct:g} % below the best group ({best:.3g} GB/s)")
+            what = "rail" if v.rail else "group"
+            why.append(f"more than {pct:g} % below the best {what} ({best:.3g} GB/s)")
         if why:
-            v.ok, v.slow, v.culprits = False, True, list(v.hosts)
+            v.ok, v.slow, v.culprits, v.best_gbs = False, True, list(v.hosts), best
             v.reason = f"all-reduce busbw {v.busbw_gbs:.3g} GB/s, {' and '.join(why)}"
 
 
@@ -296,15 +359,28 @@ def _attribute(chk: dict[str, Any], host: str, verdict: GroupVerdict | None) -> 
     """A host that failed only because another host broke the group is a victim: WARN."""
     chk = json.loads(json.dumps(chk))
     group = (chk["results"][0].get("details") or {}).get("group")
+    rail = verdict.rail_label if verdict else ""
+    on_rail = f" on {rail}" if rail else ""
     for result in chk["results"]:
         result["details"]["group_verdict"] = verdict.to_dict() if verdict else None
+        if rail and not result["message"].startswith(rail):
+            result["message"] = f"{rail}: {result['message']}"
         if not verdict or verdict.ok:
             continue
         slow_pass = verdict.slow and result["status"] == "PASS" and chk["id"] == "xhost-collective"
         if host not in verdict.culprits and (result["status"] in ("FAIL", "ERROR") or slow_pass):
+            # A WARN carries a fault code (report schema); a PASS that became a WARN had none.
             result["status"] = "WARN"
-            result["message"] = (f"group {group} failed because of {', '.join(verdict.culprits)}"
-                                 f" ({verdict.reason}); this host's own view: {result['message']}")
+            result["fault_code"] = result.get("fault_code") or chk.get("code", "XHOST001")
+            result["message"] = (f"group {group}{on_rail} failed because of "
+                                 f"{', '.join(verdict.culprits)} ({verdict.reason}); this host's "
+                                 f"own view: {result['message']}")
+        elif slow_pass and rail:
+            others = [h for h in verdict.hosts if h != host]
+            best = f" vs best rail {verdict.best_gbs:.3g} GB/s" if verdict.best_gbs else ""
+            result["status"], result["fault_code"] = "FAIL", chk.get("code", "XHOST001")
+            result["message"] = (f"{host} {rail} too slow: {verdict.busbw_gbs:.3g} GB/s{best} "
+                                 f"(group {group} with {', '.join(others)}: {verdict.reason})")
         elif slow_pass:
             others = [h for h in verdict.hosts if h != host]
             result["status"], result["fault_code"] = "FAIL", chk.get("code", "XHOST001")
@@ -322,7 +398,8 @@ def _absent(host: str, verdict: GroupVerdict) -> dict[str, Any]:
     """The host's own report exists but it never reported for this group."""
     result = {"status": "FAIL", "value": None, "unit": None, "expected": "joins the group",
               "message": f"did not take part in cross-host group {verdict.id} "
-                         f"[{', '.join(verdict.hosts)}]: {verdict.reason}",
+                         + (f"on {verdict.rail_label} " if verdict.rail else "")
+                         + f"[{', '.join(verdict.hosts)}]: {verdict.reason}",
               "remedy": "check that the host reaches the rendezvous endpoint (firewall, "
                         "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and that its stage did not crash",
               "device": None, "fault_code": "XHOST001",
@@ -337,3 +414,46 @@ def _resummarise(report: dict[str, Any]) -> None:
     report["summary"] = {s: statuses.count(s) for s in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     bad = any(s in ("FAIL", "ERROR") for s in statuses)
     report["verdict"], report["exit_code"] = ("FAIL", 1) if bad else ("PASS", 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m checks.fleet.crosshost_plan",
+                                description="Print the groups (JSON) of the cross-host stage for a "
+                                            "list of hosts; each host then runs python -m "
+                                            "checks.node.crosshost_node for its group.")
+    p.add_argument("--hosts", required=True, help="comma-separated, in inventory order")
+    p.add_argument("--mode", choices=("all", "pairs"), default="all")
+    p.add_argument("--base-port", type=int, default=29400)
+    p.add_argument("--run-id", default="nodecert")
+    p.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
+    p.add_argument("--min-busbw-gbs", type=float, metavar="GB/S",
+                   help="all-reduce busbw floor for every group (default: none; e.g. 80%% of "
+                        "the NICs' line rate in GB/s)")
+    p.add_argument("--slow-pct", type=float, default=DEFAULT_SLOW_PCT, metavar="PCT",
+                   help="a group this many per cent below the best group is slow "
+                        f"(default {DEFAULT_SLOW_PCT:g})")
+    p.add_argument("--rails", metavar="NAME=HCA/IFNAME[@GPU],...",
+                   help="per-rail runs: the mode's groups once per rail, each pinned to that "
+                        "rail (e.g. rail0=mlx5_0/ens1,rail1=mlx5_1/ens2; HCA '-' for a plain "
+                        "interface)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
+    try:
+        hosts = [h for h in args.hosts.split(",") if h]
+        print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
+                              addresses=json.loads(args.addresses) if args.addresses else None,
+                              min_busbw_gbs=args.min_busbw_gbs, slow_pct=args.slow_pct,
+                              rails=parse_rails(args.rails) if args.rails else None)))
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

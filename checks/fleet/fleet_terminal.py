@@ -87,11 +87,12 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
 
     fabric = summarise(fleet.hosts)
     if fabric:
-        table = Table(title="multi-node fabric: nearest NIC per GPU, NCCL transports", expand=False)
-        for col in ("host", "rails", "transports"):
+        table = Table(title="multi-node fabric: nearest NIC per GPU, NCCL transports, per-rail "
+                            "runs", expand=False)
+        for col in ("host", "rails", "transports", "rail runs"):
             table.add_column(col, overflow="fold")
         for row in fabric:
-            table.add_row(row.host, row.rails or "-", row.transports or "-")
+            table.add_row(row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-")
         console.print(table)
 
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")

@@ -275,7 +275,7 @@ mkdir -p "$run/crosshost/r0g0"
 addr() {{ scontrol show node -o "$1" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }}
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
 addresses=$(for h in ${{hosts//,/ }}; do printf '"%s": "%s",' "$h" "$(addr "$h")"; done)
-"$python" -m checks.node.crosshost_node plan --hosts "$hosts" --mode all --base-port {port} \\
+"$python" -m checks.fleet.crosshost_plan --hosts "$hosts" --mode all --base-port {port} \\
   --run-id "nodecert-$SLURM_JOB_ID" --addresses "{{${{addresses%,}}}}" > "$run/crosshost/plan.json"
 endpoint=$("$python" -c 'import json,sys; print(json.load(sys.stdin)["rounds"][0][0]["endpoint"])' \\
   < "$run/crosshost/plan.json")
@@ -284,7 +284,7 @@ srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c '
   me=$SLURMD_NODENAME
   local=$(scontrol show node -o "$me" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")
   "$python" -m checks --level {level} --json "$run/$me.json" -q {checks_args}
-  "$python" -m checks.node.crosshost_node node --group r0g0 --nnodes "$SLURM_NNODES" \\
+  "$python" -m checks.node.crosshost_node --group r0g0 --nnodes "$SLURM_NNODES" \\
     --node-rank "$SLURM_NODEID" --rdzv-endpoint "$endpoint" --rdzv-id "nodecert-$SLURM_JOB_ID-r0g0" \\
     --local-addr "$local" --host "$me" --json "$run/crosshost/r0g0/$me.json" {node_args}
   true'

@@ -273,6 +273,11 @@ class Backend(abc.ABC):
         """Network interface names (/sys/class/net), None when they cannot be listed."""
         return None
 
+    def perftest(self) -> dict[str, Any] | None:
+        """The installed `ib_write_bw`: {"path", "cuda": built with --use_cuda}; None when
+        perftest is not installed. Measurements: workload("ib_write_bw", nic=, gpu=, ...)."""
+        return None
+
     @abc.abstractmethod
     def environ(self) -> Mapping[str, str]: ...
 

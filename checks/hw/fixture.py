@@ -41,7 +41,10 @@ HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "sh
              "imex_nodes", "dmi_product",
              # issue 11: /sys/kernel/mm/memory_peers entries, ACS control per bridge address,
              # network interface names
-             "memory_peers", "acs", "net_interfaces"}
+             "memory_peers", "acs", "net_interfaces",
+             # perftest's ib_write_bw: {path, cuda} (absent: not installed); its recorded output
+             # is measurements.ib_write_bw
+             "perftest"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
@@ -453,6 +456,11 @@ class FixtureBackend(Backend):
     def net_interfaces(self) -> list[str] | None:
         names = self._host.get("net_interfaces", ["lo", "eth0"])
         return None if names is None else [str(n) for n in names]
+
+    def perftest(self) -> dict[str, Any] | None:
+        info = self._host.get("perftest")
+        return None if info is None else {"path": str(info.get("path", "/usr/bin/ib_write_bw")),
+                                          "cuda": bool(info.get("cuda", False))}
 
     def torch(self) -> TorchInfo:
         spec = dict(self.scenario.get("torch") or {})

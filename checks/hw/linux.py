@@ -253,6 +253,11 @@ class LinuxBackend(Backend):
     def environ(self) -> Mapping[str, str]:
         return os.environ
 
+    def perftest(self) -> dict[str, Any] | None:
+        from checks.hw import perftest
+
+        return perftest.tool_info()
+
     def workload(self, name: str, **params: Any) -> Any:
         """Real measurements: torch on the GPUs (or the CPU), torchrun for the collectives."""
         from checks.hw.measure import local  # torch is imported only when a workload check runs

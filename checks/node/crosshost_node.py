@@ -5,9 +5,9 @@ synchronous task per round on every host, so it needs a fork count of at least t
 hosts, in pairs mode too: it refuses to start otherwise), with the first host's cluster address as
 the rendezvous endpoint and one rendezvous id per group:
 
-    python -m checks.node.crosshost_node node --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 \\
+    python -m checks.node.crosshost_node --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 \\
         --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-a.json
-    python -m checks.node.crosshost_node node --nnodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29400 \\
+    python -m checks.node.crosshost_node --nnodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29400 \\
         --rdzv-id run42-g0 --json reports/run42/crosshost/g0/host-b.json
 
 Each node writes a host report (same schema as `python -m checks`) with two checks,
@@ -17,6 +17,11 @@ bad link. `plan` prints the grouping (all hosts at once, or pairs then shifted p
 
 The endpoint is the first host's inventory address, never 0.0.0.0; choose the interface with
 --ifname (sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
+
+Per-rail runs (checks/node/rails.py): `plan --rails rail0=mlx5_0/ens1,rail1=mlx5_1/ens2` plans the
+mode's groups once per rail; each node then runs with `--rail rail1 --hca mlx5_1 --ifname ens2`
+(NCCL_IB_HCA, the socket interfaces and, on GPU hosts, one rank on the GPU nearest that NIC),
+and the controller names the host and rail that is slow or broken.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from checks import cliutil
@@ -35,13 +41,17 @@ from checks import report_schema as report
 from checks.hw.base import HardwareError
 from checks.hw.measure import nccl_log
 from checks.model import CheckOutcome, Result, Status, error
+from checks.node.rails import Rail, nearest_gpu, rail_env
 
 STAGES = ("collective", "ddp")
-DEFAULT_SLOW_PCT = 50.0  # keep equal to checks.fleet.crosshost_plan.DEFAULT_SLOW_PCT
 EXIT_USAGE = 2
 
 
 def _platform() -> tuple[bool, int]:
+    # No NVIDIA driver on this host: CUDA cannot be available, and importing torch here only to
+    # learn that costs seconds per node (the ranks import it anyway).
+    if not any(Path(p).exists() for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl")):
+        return False, 0
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -195,8 +205,17 @@ def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
 
 
 def _socket_env(args: argparse.Namespace) -> dict[str, str]:
+    rail = _rail(args)
+    if rail is not None:
+        return rail_env(rail, args.rail_gpu)
     return {"NCCL_SOCKET_IFNAME": args.ifname, "GLOO_SOCKET_IFNAME": args.ifname} \
         if args.ifname else {}
+
+
+def _rail(args: argparse.Namespace) -> Rail | None:
+    if not getattr(args, "rail", None):
+        return None
+    return Rail(args.rail, args.hca, args.ifname, args.rail_gpu)
 
 
 RUNNERS = {"collective": ("xhost-collective", "XHOST001", "collectives across hosts",
@@ -211,8 +230,25 @@ def node(args: argparse.Namespace) -> int:
     if not host or not port.isdigit() or host in ("0.0.0.0", "::"):
         raise ValueError(f"--rdzv-endpoint {args.rdzv_endpoint!r} must be HOST:PORT with the "
                          "first host's cluster address (never 0.0.0.0)")
+    if args.rail and not args.ifname:
+        raise ValueError(f"--rail {args.rail} needs --ifname (the rail's network interface)")
+    if (args.hca or args.rail_gpu is not None) and not args.rail:
+        raise ValueError("--hca and --rail-gpu belong to a per-rail run: give --rail NAME too")
     on_gpu, gpus = _platform()
     nproc = args.nproc_per_node or gpus or 1
+    if args.rail:
+        # One rank per node on the rail's GPU (HGX rails pair GPU k with NIC k): the rails of a
+        # node are compared with each other, not with a run over all NICs.
+        if on_gpu and args.rail_gpu is None and args.hca:
+            from checks.hw.linux import LinuxBackend
+
+            args.rail_gpu = nearest_gpu(LinuxBackend(), args.hca)
+        if on_gpu and args.rail_gpu is None:
+            raise ValueError(f"cannot tell which GPU uses rail {args.rail} (no HCA, or "
+                             f"{args.hca} not found on the PCI bus): give --rail-gpu N")
+        if args.rail_gpu is not None and on_gpu and args.rail_gpu >= gpus:
+            raise ValueError(f"--rail-gpu {args.rail_gpu}: this host has {gpus} GPU(s)")
+        nproc = args.nproc_per_node or 1
     started = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
     outcomes = []
@@ -226,6 +262,9 @@ def node(args: argparse.Namespace) -> int:
         result.details.update(nnodes=args.nnodes, node_rank=args.node_rank,
                               rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                               group=args.group, nproc_per_node=nproc)
+        if args.rail:
+            result.details["rail"] = Rail(args.rail, args.hca, args.ifname,
+                                          args.rail_gpu if on_gpu else None).to_dict()
         if result.status in (Status.FAIL, Status.WARN):
             result.fault_code = code
         elif result.status is Status.ERROR:
@@ -247,22 +286,13 @@ def node(args: argparse.Namespace) -> int:
     return int(doc["exit_code"])
 
 
-def plan_cmd(args: argparse.Namespace) -> int:
-    from checks.fleet.crosshost_plan import plan
-
-    hosts = [h for h in args.hosts.split(",") if h]
-    print(json.dumps(plan(hosts, args.mode, args.base_port, args.run_id,
-                          addresses=json.loads(args.addresses) if args.addresses else None,
-                          min_busbw_gbs=args.min_busbw_gbs, slow_pct=args.slow_pct)))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m checks.node.crosshost_node",
-                                description="Cross-host collective and DDP through torchrun's "
-                                            "c10d rendezvous.")
-    sub = p.add_subparsers(dest="command", required=True)
-    n = sub.add_parser("node", help="run this host's part of one group")
+                                description="This host's part of one group of the cross-host stage: "
+                                            "the collective and DDP through torchrun's c10d "
+                                            "rendezvous (the controller plans the groups: python -m "
+                                            "checks.fleet.crosshost_plan).")
+    n = p
     n.add_argument("--nnodes", type=int, required=True, help="hosts in the group")
     n.add_argument("--node-rank", type=int, required=True, help="this host's index in the group")
     n.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
@@ -272,7 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--nproc-per-node", type=int, help="ranks on this host (default: GPUs, or 1)")
     n.add_argument("--stages", type=lambda s: [x for x in s.split(",") if x], default=list(STAGES),
                    help=f"comma-separated, from {', '.join(STAGES)}")
-    n.add_argument("--ifname", help="network interface for NCCL and gloo sockets")
+    n.add_argument("--ifname", help="network interface for NCCL and gloo sockets (with --rail: "
+                                    "the rail's interface)")
+    n.add_argument("--rail", metavar="NAME", help="per-rail run: the rail's name (recorded)")
+    n.add_argument("--hca", help="per-rail run: the rail's RDMA device (NCCL_IB_HCA=<exact>)")
+    n.add_argument("--rail-gpu", type=int, metavar="N",
+                   help="per-rail run on GPUs: the GPU's CUDA ordinal in PCI bus order "
+                        "(default: the GPU nearest the HCA)")
     n.add_argument("--local-addr", help="this host's address as the others reach it")
     n.add_argument("--host", help="name to record (default: the hostname)")
     n.add_argument("--timeout", type=float, default=600.0, help="hard limit per stage, seconds")
@@ -280,18 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--join-timeout", type=float, default=120.0,
                    help="seconds to wait for every host to join")
     n.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
-    pl = sub.add_parser("plan", help="print the groups (JSON) for a list of hosts")
-    pl.add_argument("--hosts", required=True, help="comma-separated, in inventory order")
-    pl.add_argument("--mode", choices=("all", "pairs"), default="all")
-    pl.add_argument("--base-port", type=int, default=29400)
-    pl.add_argument("--run-id", default="nodecert")
-    pl.add_argument("--addresses", help='JSON {"host": "address"} (default: the host names)')
-    pl.add_argument("--min-busbw-gbs", type=float, metavar="GB/S",
-                    help="all-reduce busbw floor for every group (default: none; e.g. 80%% of "
-                         "the NICs' line rate in GB/s)")
-    pl.add_argument("--slow-pct", type=float, default=DEFAULT_SLOW_PCT, metavar="PCT",
-                    help="a group this many per cent below the best group is slow "
-                         f"(default {DEFAULT_SLOW_PCT:g})")
     return p
 
 
@@ -300,8 +324,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     try:
-        if args.command == "plan":
-            return plan_cmd(args)
         bad = [s for s in args.stages if s not in STAGES]
         if bad or not args.stages:
             raise ValueError(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")

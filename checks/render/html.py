@@ -157,13 +157,14 @@ def _fabric(main: ET.Element, fleet: Fleet) -> None:
     if not rows:
         return
     sec = _el(main, "section")
-    _el(sec, "h2", "Multi-node fabric: nearest NIC per GPU, NCCL transports")
-    body = _table(sec, ["host", "rails", "transports"])
+    _el(sec, "h2", "Multi-node fabric: nearest NIC per GPU, NCCL transports, per-rail runs")
+    body = _table(sec, ["host", "rails", "transports", "rail runs (lowest busbw, worst status)"])
     for row in rows:
         tr = _el(body, "tr")
         _el(tr, "td", row.host)
         _el(tr, "td", row.rails or "-")
         _el(tr, "td", row.transports or "-")
+        _el(tr, "td", row.rail_runs or "-")
 
 
 def _by_check(main: ET.Element, fleet: Fleet) -> None:

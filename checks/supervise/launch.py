@@ -305,8 +305,11 @@ def _judge(outcome: LaunchOutcome, reason: str, world_size: int) -> None:
         tail = outcome.log_tail.strip().splitlines()[-1:] or ["no output"]
         outcome.summary = f"launcher exited with status {outcome.returncode}: {tail[0]}"
         return
-    # Blame the ranks that failed on their own, not the ones that lost a peer.
-    causes = [s for s in failed if s.state == "crashed" or not PEER_LOSS.search(s.error or "")]
-    culprits = causes or failed
+    # Blame the ranks that failed on their own, not the ones that lost a peer; a rank that never
+    # heartbeated (missing: on a loaded host it may not have got that far before torchrun stopped
+    # it) is the culprit only when no rank crashed or failed on its own.
+    own = [s for s in failed if s.state == "crashed"
+           or (s.state == "error" and not PEER_LOSS.search(s.error or ""))]
+    culprits = own or [s for s in failed if s.state == "missing"] or failed
     outcome.culprits = [s.rank for s in culprits]
     outcome.summary = "; ".join(s.describe() for s in culprits)

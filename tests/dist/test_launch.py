@@ -64,6 +64,26 @@ def test_rank_exiting_non_zero_is_named_with_its_status(tmp_path: Path, inject: 
     assert_nothing_left(outcome, tmp_path)
 
 
+@pytest.mark.parametrize(("states", "culprits"), [
+    # rank 1 died at start-up; rank 0 had not heartbeated yet when torchrun stopped it (a loaded
+    # host): the crash is the cause, the slow starter is not blamed
+    ({0: "missing", 1: "crashed"}, [1]),
+    # nobody failed on their own: the rank that never started is the one to look at
+    ({0: "missing", 1: "error-peer"}, [0]),
+    ({0: "error", 1: "error-peer"}, [0]),
+], ids=["crash-beats-missing", "missing-beats-peer-loss", "own-error-beats-peer-loss"])
+def test_culprit_is_the_rank_that_failed_on_its_own(states: dict[int, str],
+                                                     culprits: list[int]) -> None:
+    ranks = {}
+    for rank, state in states.items():
+        error = {"error-peer": "Connection reset by peer", "error": "ValueError: bad batch"}.get(state)
+        ranks[rank] = launch.RankState(rank=rank, state=state.split("-")[0], error=error,
+                                       exitcode=3 if state == "crashed" else None)
+    outcome = launch.LaunchOutcome(ok=False, summary="", ranks=ranks, returncode=1)
+    launch._judge(outcome, "job failed", world_size=2)
+    assert outcome.culprits == culprits, outcome.summary
+
+
 def test_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
     outcome = run(tmp_path, "kill:0@all_reduce iter 1")
     assert not outcome.ok

@@ -90,14 +90,14 @@ def test_pairwise_isolates_a_bad_host_and_a_bad_link() -> None:
 
 
 def test_node_refuses_a_wildcard_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
-    code = node_cli.main(["node", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+    code = node_cli.main(["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
                           "0.0.0.0:29400", "--rdzv-id", "x"])
     assert code == 2 and "never 0.0.0.0" in capsys.readouterr().err
 
 
 def start_node(out: Path, host: str, rank: int, nnodes: int, port: int, stages: str,
                extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "checks.node.crosshost_node", "node", "--nnodes", str(nnodes),
+    cmd = [sys.executable, "-m", "checks.node.crosshost_node", "--nnodes", str(nnodes),
            "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
            "--group", "r0g0", "--host", host, "--stages", stages, "--json", str(out / f"{host}.json"),
            "--stall", "6", "--timeout", "120", "--join-timeout", "15"]

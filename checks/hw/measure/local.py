@@ -186,7 +186,14 @@ def _dataloader_worker_death(hw: Backend, **params: Any) -> dict[str, Any]:
     return dataloader.worker_death(**params)
 
 
+def _ib_write_bw(hw: Backend, **params: Any) -> dict[str, Any]:
+    from checks.hw import perftest
+
+    return perftest.run_loopback(**params)
+
+
 HANDLERS: dict[str, Callable[..., Any]] = {
+    "ib_write_bw": _ib_write_bw,
     "collectives": _collectives,
     "matmul": _matmul,
     "membw": _membw,

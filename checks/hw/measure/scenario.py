@@ -208,7 +208,23 @@ def _dataloader_worker_death(raw: Any, gpus: list[tuple[int, str]],
             "start_method": "fork", **dict(raw)}
 
 
+def _ib_write_bw(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:
+    """Recorded ib_write_bw output per NIC: {nic or "default": {output, returncode}} or the
+    output text alone; replayed in the shape hw.perftest.run_loopback returns."""
+    if not isinstance(raw, Mapping):
+        raise ValueError("measurements.ib_write_bw must map NIC names to recorded output")
+    entry = raw.get(params.get("nic"), raw.get("default"))
+    if entry is None:
+        raise NotSupported(f"the scenario records no ib_write_bw output for {params.get('nic')}")
+    if isinstance(entry, str):
+        entry = {"output": entry}
+    return {"argv": ["ib_write_bw", "-d", str(params.get("nic"))], "returncode":
+            int(entry.get("returncode", 0)), "output": str(entry.get("output", "")),
+            "server_output": "", "timed_out": bool(entry.get("timed_out", False))}
+
+
 BUILDERS = {
+    "ib_write_bw": _ib_write_bw,
     "collectives": _collectives,
     "matmul": _matmul,
     "membw": _membw,

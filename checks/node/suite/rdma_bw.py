@@ -1,0 +1,113 @@
+"""RDMA write bandwidth per GPU-NIC pair with perftest's ib_write_bw (issue 11).
+
+For every GPU its nearest compute NIC (the rails map of rdma-rails), one loopback run on that NIC
+with the GPU's memory (`--use_cuda`): the GPUDirect path from GPU over PCIe into the HCA. On a
+host without GPUs every compute NIC with host memory. The average must reach a fraction of the
+port's line rate (profile rdma.write_bw_min_fraction, default 0.9: Azure's NHC gates GPUDirect
+ib_write_bw at 180 Gb/s per 200 Gb/s HDR port on NDv4 and 360 per 400 Gb/s NDR port on ND H200
+v5, where 399.7 Gb/s was measured: azurehpc-health-checks PR#38/#73, conf/nd96isr_h200_v5.conf,
+issue #152). SKIP with the reason without RDMA devices or without perftest; never PASS without a
+measurement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.hw.base import HardwareError, NotSupported, RdmaDevice
+from checks.hw.perftest import PerftestOutputError, parse_write_bw
+from checks.model import Device, Result, error, fail, passed, skip
+from checks.node.context import Context
+from checks.node.registry import check
+from checks.node.suite.fabric import NO_RDMA, compute_nics, rails_map
+
+BASE_PORT = 18515  # perftest's default port; one more per pair, runs are sequential
+
+
+def _line_rate(nic: RdmaDevice) -> float | None:
+    rates = [p.rate_gbps for p in nic.ports
+             if p.rate_gbps is not None and p.state == "ACTIVE" and p.phys_state == "LinkUp"]
+    return max(rates) if rates else None
+
+
+@check("rdma-write-bw", code="NET009",
+       title="ib_write_bw per GPU-NIC pair at a fraction of the port's line rate",
+       level="standard", stage="workload", tags=("fabric", "rdma"), timeout_s=900.0)
+def rdma_write_bw(ctx: Context) -> list[Result]:
+    """Loopback ib_write_bw on each GPU's nearest compute NIC (with --use_cuda on GPU hosts;
+    every compute NIC with host memory where there are no GPUs). FAIL below
+    rdma.write_bw_min_fraction of the port's rate; ERROR when perftest ran but reported no
+    bandwidth (its own message is quoted); SKIP without RDMA devices or perftest."""
+    try:
+        devices = ctx.hw.rdma_devices()
+    except HardwareError as exc:
+        return [error(f"RDMA devices not readable: {exc}")]
+    if not devices:
+        return [skip(NO_RDMA)]
+    tool = ctx.hw.perftest()
+    if tool is None:
+        return [skip("perftest is not installed (no ib_write_bw): RDMA bandwidth not measured; "
+                     "the rdma role installs it")]
+    fraction = float(ctx.profile.get("rdma.write_bw_min_fraction", 0.9))
+    duration = int(ctx.profile.get("rdma.write_bw_duration_s", 5))
+    size = int(ctx.profile.get("rdma.write_bw_message_bytes", 8 << 20))
+    nics = {n.name: n for n in compute_nics(ctx, devices)}
+    pairs: list[tuple[int | None, str, str | None]] = []  # (CUDA ordinal, NIC, GPU label)
+    results: list[Result] = []
+    if ctx.pci_gpus and tool.get("cuda"):
+        for i, rail in enumerate(rails_map(ctx, list(nics.values()))):
+            if rail.nic is not None:
+                pairs.append((i, rail.nic, rail.gpu))
+    else:
+        if ctx.pci_gpus:
+            results.append(skip(f"{tool.get('path')} is built without CUDA (no --use_cuda: "
+                                "Debian's and Ubuntu's perftest): the GPU-NIC path is not "
+                                "measured; each NIC is measured with host memory"))
+        pairs = [(None, name, None) for name in sorted(nics)]
+    for n, (gpu, nic, label) in enumerate(pairs):
+        results.append(_measure(ctx, nics[nic], gpu, label, fraction, duration, size,
+                                BASE_PORT + n))
+    return results or [skip("no compute NIC to measure")]
+
+
+def _measure(ctx: Context, nic: RdmaDevice, gpu: int | None, label: str | None,
+             fraction: float, duration: int, size: int, port: int) -> Result:
+    name = f"{label} -> {nic.name}" if label else f"{nic.name} (host memory)"
+    device = Device(name=name, pci=nic.pci_address)
+    rate = _line_rate(nic)
+    if rate is None:
+        return skip(f"{name}: no ACTIVE port with a known rate (see rdma-ports): not measured",
+                    device=device)
+    try:
+        run = ctx.hw.workload("ib_write_bw", nic=nic.name, gpu=gpu, port=port,
+                              duration_s=duration, size=size, timeout_s=duration * 4 + 30.0)
+    except NotSupported as exc:
+        return skip(f"{name}: {exc}", device=device)
+    details: dict[str, Any] = {"argv": run.get("argv"), "returncode": run.get("returncode"),
+                               "line_rate_gbps": rate, "min_fraction": fraction,
+                               "gpu": gpu, "nic": nic.name}
+    if run.get("timed_out"):
+        return error(f"{name}: ib_write_bw did not finish in time", device=device,
+                     details={**details, "output_tail": str(run.get("output", ""))[-400:]})
+    try:
+        bw = parse_write_bw(str(run.get("output") or ""))
+    except PerftestOutputError as exc:
+        return error(f"{name}: ib_write_bw reported no bandwidth: {exc}", device=device,
+                     details={**details, "output_tail": str(run.get("output", ""))[-400:]},
+                     remedy="run the printed command by hand; check the port (rdma-ports), "
+                            "memlock limits and, with --use_cuda, nvidia_peermem "
+                            "(gpudirect-rdma)")
+    floor = fraction * rate
+    details.update(bytes=bw.bytes, iterations=bw.iterations, average_gbps=bw.average_gbps,
+                   unit=bw.unit)
+    text = (f"{name}: {bw.average_gbps:.1f} Gb/s average ({bw.bytes} B messages) of a "
+            f"{rate:g} Gb/s port")
+    kw: dict[str, Any] = {"device": device, "details": details, "value": round(bw.average_gbps, 2),
+                          "unit": "Gb/s", "expected": f">= {floor:g} Gb/s ({fraction:g} x line rate)"}
+    if bw.average_gbps < floor:
+        return fail(f"{text}, below {fraction:g} x line rate ({floor:g} Gb/s)",
+                    remedy="compare with the other pairs: one slow GPU-NIC pair points at its PCIe "
+                           "path (link width/speed of GPU and NIC, ACS: pcie-acs) or GPUDirect "
+                           "(gpudirect-rdma); all slow points at the NIC firmware or settings",
+                    **kw)
+    return passed(text, **kw)
