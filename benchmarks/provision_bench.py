@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python benchmarks/provision_bench.py                  # Debian 12 GPU-less images
     sudo .venv/bin/python benchmarks/provision_bench.py --release noble  # Ubuntu 24.04 GPU nodes
+    NODECERT_E2E_PROFILE=1 ...   also prints each run's slowest tasks (ansible.posix.profile_tasks)
 
 Uses the end-to-end test harness (tests/e2e/e2elib): roots reached through Ansible's chroot
 connection, the signed stand-in of NVIDIA's repository on 127.0.0.1, torch from a local
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +31,13 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from e2elib import aptproxy, aptrepo, rootfs, runner, wheelhouse  # noqa: E402
 
 CACHE = REPO / ".cache" / "e2e"
+
+
+def slowest_tasks(output: str, count: int = 8) -> list[str]:
+    """The slowest tasks of a run, from the profile_tasks summary (NODECERT_E2E_PROFILE=1)."""
+    timed = re.findall(r"^(.+?) -{2,} (\d+\.\d+)s$", output, re.M)
+    slowest = sorted(timed, key=lambda t: -float(t[1]))[:count]
+    return [f"{float(seconds):6.2f}s  {name.strip()}" for name, seconds in slowest]
 
 
 def provision_twice(
@@ -46,6 +55,9 @@ def provision_twice(
         if attempt == "second" and any(result.recap[n]["changed"] for n in names):
             raise SystemExit(f"second run changed something: {result.recap}")
         times.append(result.seconds)
+        if os.environ.get("NODECERT_E2E_PROFILE"):
+            slowest = slowest_tasks(result.output)
+            print(f"{len(names)} host(s), {attempt} run, slowest tasks:", *slowest, sep="\n  ")
     for root in roots.values():
         rootfs.remove_root(root)
     return times[0], times[1]

@@ -378,3 +378,88 @@ def test_crosshost_pairs_needs_a_fork_per_host(cluster, ansible_home, workdir):
     assert "runs 4 hosts per round (mode pairs)" in result.output, result
     assert "raise the fork count (-f 4)" in result.output
     assert not (workdir / "pairs-forks" / "pairs-forks" / "crosshost" / "analysis.json").exists()
+
+
+def test_rollback_580_to_570_from_nvidias_repository(
+    make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper, ansible_home, workdir
+):
+    """A node on 580 from NVIDIA's repository rolled back to 570 (nvidia_driver_repository=nvidia).
+    Ubuntu's archive (here its stand-in on 127.0.0.2) has the 570 names too, as transitional
+    packages depending on 580 under a higher 570 version, which NVIDIA's pinning package also
+    matches: the role's preference for NVIDIA's repository must win. Then: 570 from NVIDIA's
+    repository installed and held, its pinning package in place of 580's, nothing of 580 left,
+    and a rerun changes nothing. Only the provisioning phases that touch the driver run."""
+    root = make_host("rollback-570", debian12_tarball)
+    runner.fake_pci_device(root, "0000:3b:00.0", "26b9", "0x030200")  # an L40S: open modules
+    (root / "etc/apt/keyrings").mkdir(parents=True, exist_ok=True)
+    (root / "etc/apt/keyrings/ubuntu-archive-stand-in.gpg").write_bytes(stand_in_repo.key_binary)
+    (root / "etc/apt/sources.list.d/ubuntu-archive-stand-in.list").write_text(
+        "deb [signed-by=/etc/apt/keyrings/ubuntu-archive-stand-in.gpg] "
+        f"{stand_in_repo.ubuntu_archive_url}/ /\n"
+    )
+    inventory = runner.write_inventory(
+        workdir / "rollback.yml",
+        {"rollback-570": root},
+        chroot_wrapper,
+        # The root's Debian lists are hours old: not refreshed from Debian's mirror here (the
+        # stale-lists test covers that); NVIDIA's lists are fetched when its repository is added.
+        {**base_vars, "nvidia_driver_repository": "nvidia", "preflight_apt_cache_valid_time": 86400},
+    )
+    home = ansible_home("rollback")
+
+    def converge(branch: str, tags: str = "preflight,nvidia_driver") -> runner.Result:
+        return runner.run_playbook(
+            "provision.yml", inventory, home, "--tags", tags, "-e", f"nvidia_driver_branch={branch}"
+        )
+
+    def installed() -> dict[str, str]:
+        out = runner.in_root(
+            root, "dpkg-query", "--show", "--showformat=${Package} ${Version} ${db:Status-Abbrev}\\n"
+        ).stdout
+        return {
+            line.split()[0]: line for line in out.splitlines() if re.search(r"nvidia|linux-headers", line)
+        }
+
+    # The first run also adds NVIDIA's repository (cuda_toolkit); later runs only touch the driver.
+    on_580 = converge("580", "preflight,cuda_toolkit,nvidia_driver")
+    assert on_580.rc == 0, on_580
+    v580 = f"{aptrepo.NVIDIA_REPO_DRIVERS['580']}-0ubuntu1"
+    assert version(root, "nvidia-utils-580") == v580
+    assert version(root, "nvidia-headless-580-open") == v580
+    assert selections(root).get("nvidia-driver-pinning-580") == "hold"
+
+    rolled_back = converge("570")
+    assert rolled_back.rc == 0, rolled_back
+    v570 = f"{aptrepo.NVIDIA_REPO_DRIVERS['570']}-0ubuntu1"
+    packages = installed()
+    # NVIDIA's 570, although the "archive" offers a higher 570 version of the same names.
+    madison = runner.in_root(root, "apt-cache", "madison", "nvidia-utils-570").stdout
+    assert aptrepo.UBUNTU_TRANSITIONAL_VERSION in madison, madison
+    for package in (
+        "nvidia-utils-570",
+        "nvidia-headless-570-open",
+        "nvidia-headless-no-dkms-570-open",
+        "nvidia-dkms-570-open",
+        "libnvidia-compute-570",
+    ):
+        assert version(root, package) == v570, packages
+    assert f"linux-headers-{KERNEL}" in packages
+    assert (root / f"usr/src/nvidia-{aptrepo.NVIDIA_REPO_DRIVERS['570']}/dkms.conf").exists()
+    # The pinning package of 570 replaced 580's; the role's preference names 570 and NVIDIA's host.
+    pin = (root / aptrepo.PINNING_FILE).read_text()
+    assert "Pin: version 570.*" in pin and "580" not in pin, pin
+    preference = (root / "etc/apt/preferences.d/nodecert-nvidia-driver").read_text()
+    assert "-570(-open)?$/" in preference and 'Pin: origin "127.0.0.1"' in preference, preference
+    # Nothing of 580 left, not even configuration files; the holds moved to 570.
+    assert not [line for name, line in packages.items() if "580" in name], packages
+    held = runner.in_root(root, "apt-mark", "showhold").stdout.split()
+    assert {"nvidia-utils-570", "nvidia-headless-570-open", "nvidia-driver-pinning-570"} <= set(held), held
+    assert not [p for p in held if "580" in p], held
+    assert re.search(r"rollback-570 runs driver none, but 570\.211\.01 is installed", rolled_back.output)
+
+    again = converge("570")
+    print(
+        f"\nrollback: 580 {on_580.seconds:.0f}s, 570 {rolled_back.seconds:.0f}s, rerun {again.seconds:.0f}s"
+    )
+    assert again.rc == 0, again
+    assert again.recap["rollback-570"]["changed"] == 0, again

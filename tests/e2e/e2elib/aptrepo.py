@@ -53,6 +53,34 @@ UNVERSIONED_FABRIC_MANAGER = ("590",)
 # not modelled: no public control file of these packages was found.
 NVLSM_VERSIONS = {"amd64": "2025.10.11-1", "arm64": "2025.10.14-1"}
 
+# Driver branches under NVIDIA's own Ubuntu package names (before the 590 rename: nvidia-utils-570,
+# libnvidia-compute-570, nvidia-dkms-570-open... the names Canonical's non-server packages have),
+# as NVIDIA's CUDA repository ships them, for installs from that repository (the rollback path).
+# Versions: 570.211.01 is the newest 570 ("nvidia-driver-pinning-570.211.01 - APT driver pinning file
+# for driver version 570.211.01" in NVIDIA's repository listing), 580.126.09 a 580 build listed
+# there too; NVIDIA's Ubuntu builds are versioned <version>-0ubuntu1 ("apt install
+# nvidia-driver-570=570.124.06-0ubuntu1" from NVIDIA's ubuntu2404 driver repository).
+NVIDIA_REPO_DRIVERS = {"570": "570.211.01", "580": "580.126.09"}
+# nvidia-driver-pinning-<branch> ("APT driver pinning file for driver branch 570", versions such as
+# 580-5 on debian12 and 610-2ubuntu1 on Ubuntu): one file, /etc/apt/preferences.d/nvidia-driver-pin,
+# whose stanzas pin the branch's packages by source package and version at priority 1000
+# ("Package: cuda-drivers* src:nvidia-open:any / Pin: version 595.71.05-* / Pin-Priority: 1000",
+# NVIDIA's driver installation guide, "Version locking"). Every pinning package ships that same
+# path, so the stand-ins conflict with each other (one branch pinned at a time).
+PINNING_FILE = "etc/apt/preferences.d/nvidia-driver-pin"
+# Ubuntu's archive turned the 570 packages into transitional ones that depend on 580, under a
+# *570* version that sorts above NVIDIA's build of the same driver (noble-updates, restricted:
+# "Package: nvidia-utils-570 / Version: 570.211.01-0ubuntu1.24.04.1 / Depends: nvidia-utils-580",
+# likewise nvidia-headless-no-dkms-570-open and nvidia-dkms-570-open). NVIDIA's pinning package
+# (version 570.*) matches them too. Served to the Debian roots from a second address, as the
+# "Ubuntu archive" of the rollback test (ubuntu_archive_url).
+UBUNTU_TRANSITIONAL_570 = {
+    "nvidia-utils-570": "nvidia-utils-580",
+    "nvidia-headless-no-dkms-570-open": "nvidia-headless-no-dkms-580-open",
+    "nvidia-dkms-570-open": "nvidia-dkms-580-open",
+}
+UBUNTU_TRANSITIONAL_VERSION = "570.211.01-0ubuntu1.24.04.1"
+
 
 @dataclass
 class Package:
@@ -62,10 +90,112 @@ class Package:
     files: dict[str, tuple[str | bytes, int]] = field(default_factory=dict)  # path -> (content, mode)
     architecture: str = "amd64"
     provides: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # also written as Replaces
+    source: str = ""
+    from_nvidia: bool = False  # a package of NVIDIA's repository although Ubuntu has the name too
 
 
 def _script(text: str) -> tuple[str, int]:
     return ("#!/bin/sh\n" + textwrap.dedent(text).lstrip(), 0o755)
+
+
+def nvidia_repo_driver(branch: str, version: str, kernel_release: str) -> list[Package]:
+    """One branch under NVIDIA's Ubuntu names, as its CUDA repository ships it (DKMS modules only:
+    Canonical's signed precompiled modules are in Ubuntu's archive alone). Depends and the
+    Provides/Conflicts/Replaces on the unversioned names follow Canonical's packaging, which NVIDIA's
+    builds share (nvidia-utils-580 in noble-updates: "Provides: nvidia-smi, nvidia-utils /
+    Conflicts: nvidia-smi, nvidia-utils / Replaces: nvidia-smi, nvidia-utils"; libnvidia-compute-580
+    likewise for libnvidia-compute). Simplified: nvidia-dkms-* neither depends on dkms nor builds
+    anything."""
+    deb = f"{version}-0ubuntu1"
+    exact = f"(= {deb})"
+    source = f"nvidia-graphics-drivers-{branch}"
+
+    def package(name: str, **kwargs) -> Package:
+        return Package(name, deb, source=source, from_nvidia=True, **kwargs)
+
+    packages = [
+        package(f"nvidia-kernel-common-{branch}"),
+        package(
+            f"libnvidia-compute-{branch}",
+            depends=[f"nvidia-kernel-common-{branch} {exact}"],
+            conflicts=["libnvidia-compute"],
+            files={f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}": ("stand-in\n", 0o644)},
+        ),
+        package(
+            f"nvidia-utils-{branch}",
+            depends=[f"libnvidia-compute-{branch} {exact}"],
+            conflicts=["nvidia-utils"],
+            files={
+                "usr/bin/nvidia-smi": _script(f"""
+                    echo "NVIDIA-SMI stand-in   Driver Version: {version}"
+                    exit 6
+                """)
+            },
+        ),
+        package(
+            f"nvidia-compute-utils-{branch}",
+            conflicts=["nvidia-compute-utils"],
+            files={
+                "lib/systemd/system/nvidia-persistenced.service": (
+                    "[Service]\nType=forking\nExecStart=/usr/bin/nvidia-persistenced --user "
+                    "nvidia-persistenced --no-persistence-mode --verbose\n",
+                    0o644,
+                ),
+                "usr/bin/nvidia-persistenced": _script("exit 0\n"),
+            },
+        ),
+        Package(
+            f"nvidia-driver-pinning-{branch}",
+            f"{branch}-1ubuntu1",
+            architecture="all",
+            from_nvidia=True,
+            conflicts=["nvidia-driver-pinning"],
+            files={
+                PINNING_FILE: (
+                    f"Package: src:{source}\nPin: version {branch}.*\nPin-Priority: 1000\n",
+                    0o644,
+                )
+            },
+        ),
+    ]
+    for suffix in ("", "-open"):
+        packages += [
+            package(
+                f"nvidia-headless-no-dkms-{branch}{suffix}",
+                depends=[
+                    f"libnvidia-compute-{branch} {exact}",
+                    f"nvidia-compute-utils-{branch} {exact}",
+                    f"nvidia-kernel-common-{branch} {exact}",
+                ],
+            ),
+            package(
+                f"nvidia-dkms-{branch}{suffix}",
+                depends=[f"nvidia-kernel-common-{branch} {exact}"],
+                files={f"usr/src/nvidia-{version}/dkms.conf": (f'PACKAGE_VERSION="{version}"\n', 0o644)},
+            ),
+            package(
+                f"nvidia-headless-{branch}{suffix}",
+                depends=[
+                    f"nvidia-headless-no-dkms-{branch}{suffix} {exact}",
+                    f"nvidia-dkms-{branch}{suffix} {exact}",
+                ],
+            ),
+        ]
+    return packages
+
+
+def ubuntu_transitional_570() -> list[Package]:
+    """Ubuntu's transitional 570 packages (see UBUNTU_TRANSITIONAL_570)."""
+    return [
+        Package(
+            name,
+            UBUNTU_TRANSITIONAL_VERSION,
+            depends=[target],
+            source="nvidia-graphics-drivers-570",
+        )
+        for name, target in UBUNTU_TRANSITIONAL_570.items()
+    ]
 
 
 def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[Package]:
@@ -225,6 +355,11 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
             files={"usr/share/doc/nvlsm/stand-in": ("NVLink subnet manager stand-in\n", 0o644)},
         )
     )
+    for branch, version in NVIDIA_REPO_DRIVERS.items():
+        packages += nvidia_repo_driver(branch, version, kernel_release)
+    # The kernel headers the DKMS packages build against (Ubuntu's linux-headers-<kernel>; a stub
+    # for the roots' kernel, which is this machine's).
+    packages.append(Package(f"linux-headers-{kernel_release}", "1.0-1"))
     dashed = CUDA_VERSION.replace(".", "-")
     packages += [
         Package(
@@ -292,8 +427,14 @@ def build_deb(package: Package, workdir: Path, outdir: Path) -> Path:
     ]
     if package.depends:
         control.append(f"Depends: {', '.join(package.depends)}")
-    if package.provides:
-        control.append(f"Provides: {', '.join(package.provides)}")
+    if package.source:
+        control.append(f"Source: {package.source}")
+    provides = package.provides + package.conflicts
+    if provides:
+        control.append(f"Provides: {', '.join(provides)}")
+    if package.conflicts:
+        control.append(f"Conflicts: {', '.join(package.conflicts)}")
+        control.append(f"Replaces: {', '.join(package.conflicts)}")
     control.append(f"Description: stand-in for {package.name} (nodecert e2e tests)")
     (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
     for rel, (content, mode) in package.files.items():
@@ -391,22 +532,28 @@ class StandInRepo:
     wrong_key_path: str  # URL path of another key, for the bad-signature case
     wrong_key_checksum: str
     key_binary: bytes = b""  # the signing key, binary (what cuda-keyring installs)
+    # Flat repository of Ubuntu's transitional 570 packages on another address (127.0.0.2), signed
+    # by the same key: "Ubuntu's archive" for the rollback test ('' with only_nvidia).
+    ubuntu_archive_url: str = ""
     _server: http.server.ThreadingHTTPServer | None = None
+    _archive_server: http.server.ThreadingHTTPServer | None = None
 
     def key_url(self, distribution: str, arch: str = "x86_64") -> str:
         return f"{self.url}/{distribution}/{arch}/{KEY_NAME}"
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        for server in (self._server, self._archive_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        self._server = self._archive_server = None
 
 
 def nvidia_only(package: Package) -> bool:
     """What only NVIDIA's CUDA repository ships (the rest is in Ubuntu's archive)."""
     return (
-        package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
+        package.from_nvidia
+        or package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
         or package.name in ("nvidia-fabricmanager", "nvidia-imex", "libnvsdm", "nvlsm")
     )
 
@@ -424,29 +571,21 @@ def build_and_serve(
         if only_nvidia and not nvidia_only(package):
             continue
         build_deb(package, work, pool)
+    archive = root / "ubuntu-archive"
+    if not only_nvidia:
+        archive.mkdir()
+        for package in ubuntu_transitional_570():
+            build_deb(package, work, archive)
     shutil.rmtree(work)
-    subprocess.run(
-        "apt-ftparchive packages . > Packages && gzip -9kn Packages", shell=True, cwd=pool, check=True
-    )
-    release = subprocess.run(
-        [
-            "apt-ftparchive",
-            "-o",
-            "APT::FTPArchive::Release::Origin=NVIDIA stand-in",
-            "-o",
-            "APT::FTPArchive::Release::Label=NVIDIA CUDA stand-in",
-            "release",
-            ".",
-        ],
-        cwd=pool,
-        check=True,
-        capture_output=True,
-    ).stdout
-    (pool / "Release").write_bytes(release)
+    _index(pool, "NVIDIA stand-in", "NVIDIA CUDA stand-in")
+    if not only_nvidia:
+        _index(archive, "Ubuntu stand-in", "Ubuntu archive stand-in (transitional 570)")
 
     signer, stranger = Gpg("nodecert-stand-in-repo"), Gpg("nodecert-unrelated-key")
     try:
         signer.sign_release(pool)
+        if not only_nvidia:
+            signer.sign_release(archive)
         key = signer.export_armored()
         key_binary = signer._gpg("--export").stdout
         wrong_key = stranger.export_armored()
@@ -468,6 +607,12 @@ def build_and_serve(
     base = f"http://127.0.0.1:{port}"
     with urllib.request.urlopen(f"{base}/{REPO_PREFIX}/debian12/{arch_dir}/Release", timeout=5):
         pass
+    archive_server, archive_url = None, ""
+    if not only_nvidia:
+        # Another address, so that apt tells the two origins apart (Pin: origin).
+        archive_server = http.server.ThreadingHTTPServer(("127.0.0.2", port), _quiet_handler(str(archive)))
+        threading.Thread(target=archive_server.serve_forever, daemon=True, name="stand-in-archive").start()
+        archive_url = f"http://127.0.0.2:{port}"
     return StandInRepo(
         root=root,
         url=f"{base}/{REPO_PREFIX}",
@@ -475,8 +620,32 @@ def build_and_serve(
         wrong_key_path=f"{base}/wrong-key.pub",
         wrong_key_checksum="sha256:" + hashlib.sha256(wrong_key).hexdigest(),
         key_binary=key_binary,
+        ubuntu_archive_url=archive_url,
         _server=server,
+        _archive_server=archive_server,
     )
+
+
+def _index(directory: Path, origin: str, label: str) -> None:
+    """Packages, Packages.gz and Release of a flat repository."""
+    subprocess.run(
+        "apt-ftparchive packages . > Packages && gzip -9kn Packages", shell=True, cwd=directory, check=True
+    )
+    release = subprocess.run(
+        [
+            "apt-ftparchive",
+            "-o",
+            f"APT::FTPArchive::Release::Origin={origin}",
+            "-o",
+            f"APT::FTPArchive::Release::Label={label}",
+            "release",
+            ".",
+        ],
+        cwd=directory,
+        check=True,
+        capture_output=True,
+    ).stdout
+    (directory / "Release").write_bytes(release)
 
 
 def main(argv: list[str] | None = None) -> int:
