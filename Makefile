@@ -43,7 +43,7 @@ system-deps:
 # fixtures are built once (tests/conftest.py). TEST_JOBS=0 runs in-process.
 TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup) $(ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(ARGS)
 
 lint: $(DEV_DEPS)
 	$(VENV)/bin/ruff check checks trainer tests benchmarks

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 
@@ -17,22 +16,13 @@ def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-# tryfirst: xdist turns xdist_group markers into node ids in its own collection hook, and a
-# root conftest registers before xdist's worker plugin, so it would otherwise run after xdist
-# had read the markers (every group silently ignored).
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `make test` runs two xdist workers with --dist loadgroup: a test file is one group, so its
-    # module fixtures (the shared acceptance launch, a Slurm cluster, an e2e converge) are built
-    # once. What e2e files share across a session (debootstrapped root tarballs, the wheelhouse,
-    # the apt proxy's cache) is cached on disk under a file lock, so both workers reuse it.
-    tests_dir = Path(__file__).resolve().parent
-    for item in items:
-        try:
-            parts = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts
-        except ValueError:
-            continue
-        item.add_marker(pytest.mark.xdist_group("/".join(parts)))
+    # (`make test` runs two xdist workers with --dist loadfile: a test file stays on one worker,
+    # so its module fixtures (the shared acceptance launch, a Slurm cluster, an e2e converge) are
+    # built once. What e2e files share across a session (debootstrapped root tarballs, the
+    # wheelhouse, the apt proxy's cache) is cached on disk under a file lock. Not loadgroup:
+    # xdist 3.8 tags the group onto `item._nodeid`, which pytest 9 no longer reads, so every
+    # group was silently ignored.)
     if cuda_devices():
         return
     reason = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
