@@ -139,6 +139,8 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
     result.details["ranks"] = _rank_view(m.get("ranks") or {})
     if log is not None and m.get("ok"):
         result = transport_verdict(result, log, _rdma_ports_up())
+        if args.rail:
+            result = pinned_rail_verdict(result, log, args.hca, args.ifname)
     if not m.get("ok"):
         result.details["rendezvous"] = rendezvous_view(m.get("log_tail") or "",
                                                        args.rdzv_endpoint)
@@ -176,6 +178,30 @@ def transport_verdict(result: Result, log: Any, rdma_up: tuple[str, ...]) -> Res
         result.status = verdict.status
         result.message = f"{result.message}; transport: {verdict.message}"
         result.remedy = verdict.remedy
+    return result
+
+
+def pinned_rail_verdict(result: Result, log: Any, hca: str | None, ifname: str | None) -> Result:
+    """A per-rail run proves that rail only if NCCL used nothing else: its `NET/IB : Using` list
+    names only the pinned HCA (NCCL_IB_HCA==<hca>), or, on a plain interface, `NET/Socket : Using`
+    names only that interface. Anything more means the pin did not take (an old NCCL without
+    the `=` syntax, a plugin that ignores it) and the run measured other rails too: FAIL."""
+    if hca:
+        others = sorted({d.split(":")[0] for d in log.ib_devices} - {hca})
+        used, pinned = log.ib_devices, hca
+    elif ifname:
+        others = sorted({d.split(":")[0] for d in log.socket_interfaces} - {ifname})
+        used, pinned = log.socket_interfaces, ifname
+    else:
+        return result
+    result.details["rail_devices"] = list(used)
+    if others and result.status.severity < Status.FAIL.severity:
+        result.status = Status.FAIL
+        result.message = (f"{result.message}; pinned to {pinned} but NCCL used "
+                          f"{', '.join(used)}: this run measured more than its rail")
+        result.remedy = ("NCCL ignored the pin: look for NCCL_IB_HCA or NCCL_SOCKET_IFNAME set "
+                         "elsewhere (/etc/nccl.conf, ~/.nccl.conf), a network plugin that picks "
+                         "its own devices, or an NCCL that does not know the exact-match '='")
     return result
 
 

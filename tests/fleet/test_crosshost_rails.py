@@ -192,3 +192,29 @@ def test_fleet_views_show_each_hosts_rails(tmp_path: Path) -> None:
     terminal.render(fleet, Console(file=out, width=400, color_system=None), verbose=True)
     assert "rail1 (mlx5_1/ens2) 8.5 GB/s FAIL" in out.getvalue()
     assert "rail1 (mlx5_1/ens2) 8.5 GB/s FAIL" in html.render(fleet)
+
+
+NCCL_LOGS = Path(__file__).resolve().parents[1] / "workloads" / "nccl_logs"
+
+
+@pytest.mark.parametrize(("log_name", "hca", "ifname", "status", "words"), [
+    # NCCL 2.18 on an H20 pair lists four HCAs (nccl#1189): a run pinned to mlx5_1 saw them all
+    ("h20-ib-gdrdma-cumem-nccl1189.log", "mlx5_1", "ib1", "FAIL", "pinned to mlx5_1 but NCCL used"),
+    # NCCL 2.5.6 with one HCA (nv_peer_mem#56): pinned to it, nothing else used
+    ("ib-no-gdrdma-2.5.6-nvpeermem56.log", "mlx5_0", "ib0", "PASS", None),
+    # sockets only (nccl-tests#284): a plain-interface rail is proven by the socket list
+    ("socket-two-nodes-nccltests284.log", None, "enp3s0", "PASS", None),
+    ("socket-two-nodes-nccltests284.log", None, "eth1", "FAIL", "pinned to eth1"),
+], ids=["four-hcas-pinned-to-one", "one-hca", "socket-rail", "socket-other-interface"])
+def test_pinned_run_is_proven_by_the_devices_nccl_used(log_name: str, hca: str | None,
+                                                       ifname: str, status: str,
+                                                       words: str | None) -> None:
+    from checks.hw.measure import nccl_log
+    from checks.model import Result, Status
+
+    log = nccl_log.parse_file(NCCL_LOGS / log_name)
+    result = node_cli.pinned_rail_verdict(Result(Status.PASS, "exact"), log, hca, ifname)
+    assert str(result.status) == status, result.message
+    assert result.details["rail_devices"], "the devices NCCL used go into the details"
+    if words:
+        assert words in result.message and result.remedy
