@@ -108,6 +108,11 @@ class RdmaPort:
     netdev: str | None = None  # the Ethernet interface behind a RoCE port
     counters: Mapping[str, int] = field(default_factory=dict)  # ports/N/counters/*
 
+    @property
+    def up(self) -> bool:
+        """Logically and physically up: the only state that carries traffic."""
+        return self.state == "ACTIVE" and self.phys_state == "LinkUp"
+
 
 @dataclass(frozen=True)
 class RdmaDevice:

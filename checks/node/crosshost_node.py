@@ -33,7 +33,6 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from checks import cliutil
@@ -48,9 +47,12 @@ EXIT_USAGE = 2
 
 
 def _platform() -> tuple[bool, int]:
+    from checks.hw.linux import LinuxBackend
+
     # No NVIDIA driver on this host: CUDA cannot be available, and importing torch here only to
     # learn that costs seconds per node (the ranks import it anyway).
-    if not any(Path(p).exists() for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl")):
+    hw = LinuxBackend()
+    if hw.proc_driver_version() is None and not hw.gpu_device_nodes():
         return False, 0
     import torch
 
@@ -152,14 +154,13 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
 
 
 def _rdma_ports_up() -> tuple[str, ...]:
-    from checks.hw import rdma
+    from checks.hw.linux import LinuxBackend
+    from checks.node.suite.fabric import active_ports
 
     try:
-        devices = rdma.read_devices()
+        return active_ports(LinuxBackend().rdma_devices())
     except HardwareError:
         return ()
-    return tuple(f"{d.name}:{p.port}" for d in devices for p in d.ports
-                 if p.state == "ACTIVE" and p.phys_state == "LinkUp")
 
 
 def transport_verdict(result: Result, log: Any, rdma_up: tuple[str, ...]) -> Result:

@@ -37,6 +37,11 @@ def _label(dev: RdmaDevice, port: RdmaPort) -> str:
     return f"{dev.name}:{port.port}"
 
 
+def active_ports(devices: list[RdmaDevice]) -> tuple[str, ...]:
+    """The ports that carry traffic, as NCCL names them ("mlx5_0:1")."""
+    return tuple(_label(d, p) for d in devices for p in d.ports if p.up)
+
+
 def _device(dev: RdmaDevice, port: RdmaPort | None = None) -> Device:
     return Device(name=_label(dev, port) if port else dev.name, pci=dev.pci_address)
 
@@ -102,10 +107,10 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
     kw: dict[str, Any] = {"device": _device(dev, port), "details": details, "value": port.rate_gbps,
                           "unit": "Gb/s"}
     summary = f"{name} {port.link_layer or '?'} {port.state}/{port.phys_state} {speed}"
-    if (port.state != "ACTIVE" or port.phys_state != "LinkUp") and not compute:
+    if not port.up and not compute:
         return warn(f"{summary}: port is not up (not a compute NIC: an uncabled front-end "
                     "port is common)", expected="ACTIVE/LinkUp", **kw)
-    if port.state != "ACTIVE" or port.phys_state != "LinkUp":
+    if not port.up:
         return fail(f"{summary}: port is not up", expected="ACTIVE/LinkUp",
                     remedy="check the cable and the switch port (ibstat, `ibstatus`); on "
                            "InfiniBand state INIT/ARMED with LinkUp means no subnet manager "
@@ -528,8 +533,7 @@ class TransportExpectation:
 
 def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
     try:
-        up = tuple(_label(d, p) for d in _rdma(ctx) for p in d.ports
-                   if p.state == "ACTIVE" and p.phys_state == "LinkUp")
+        up = active_ports(_rdma(ctx))
     except HardwareError:
         up = ()
     try:

@@ -25,8 +25,7 @@ BASE_PORT = 18515  # perftest's default port; one more per pair, runs are sequen
 
 
 def _line_rate(nic: RdmaDevice) -> float | None:
-    rates = [p.rate_gbps for p in nic.ports
-             if p.rate_gbps is not None and p.state == "ACTIVE" and p.phys_state == "LinkUp"]
+    rates = [p.rate_gbps for p in nic.ports if p.rate_gbps is not None and p.up]
     return max(rates) if rates else None
 
 
