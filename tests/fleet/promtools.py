@@ -104,13 +104,15 @@ def two_fleet_runs(work: Path, base: dict[str, Any], textfiles: Path) -> dict[st
     straggler GPU and a failed ECC check in both (so both GPUs become lemons), and a host whose
     report stopped coming in run 2, two days later (run 2 is now). Returns run 2's fleet JSON."""
     inventory = ",".join(FLEET_HOSTS)
+    # Anchored to now, not to the base report's own time: a session-scoped base may have been
+    # made many minutes before this test runs.
+    now = dt.datetime.now(dt.timezone.utc)
     for run in ("run-1", "run-2"):
         reports = synthetic.build(12, base=base, run_id=run, slow=FLEET_SLOW, broken=FLEET_BROKEN)
-        if run == "run-1":  # two days ago; run 2 is now
-            for r in reports:
-                started = dt.datetime.fromisoformat(r["started_at"]) - dt.timedelta(days=2)
-                r["started_at"] = started.isoformat()
-        else:
+        started = now - dt.timedelta(days=2) if run == "run-1" else now  # run 2 is now
+        for r in reports:
+            r["started_at"] = started.isoformat()
+        if run == "run-2":
             reports = [r for r in reports if r["host"] != FLEET_QUIET]
         directory = synthetic.write(reports, work / run)
         code = fleet_cli.main(["report", str(directory), "--expect-hosts", inventory,
