@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +264,42 @@ def test_venv_imports_torch_and_this_project(cluster, base_vars):
         "trainer" in base_vars["pytorch_import_check"]
         or not (Path(__file__).parents[2] / "trainer/__init__.py").exists()
     )
+
+
+def test_changed_sources_are_rebuilt_and_reinstalled(cluster, project_snapshot, ansible_home, workdir):
+    """The wheel built on the control machine is reused while the sources are unchanged (the
+    second run did not build it) and rebuilt when they change: the node then runs the new code.
+    Only one wheel stays in the control machine's cache."""
+    home = ansible_home("cluster")
+    cache = home / ".cache/nodecert/wheels"
+    assert len(list(cache.iterdir())) == 1, sorted(cache.iterdir())
+    reused = r"TASK \[pytorch : Build the wheel\][ *]*\nskipping: "
+    assert re.search(reused, cluster.second.output), cluster.second
+    edited = workdir / "project-edited"
+    shutil.copytree(project_snapshot, edited)
+    (edited / "checks" / "e2e_edit.py").write_text("EDITED = 'rebuilt from the edited sources'\n")
+    root = cluster.roots["image"]
+
+    def converge(source: Path) -> runner.Result:
+        return runner.run_playbook(
+            "provision.yml", cluster.inventory, home, "--limit", "image", "--tags", "preflight,pytorch",
+            "-e", f"pytorch_nodecert_source={source}",
+        )
+
+    def probe() -> subprocess.CompletedProcess:
+        code = "import checks.e2e_edit as e; print(e.EDITED)"
+        return runner.in_root(root, "/opt/nodecert/venv/bin/python", "-c", code, check=False)
+
+    try:
+        result = converge(edited)
+        assert result.rc == 0, result
+        assert result.recap["image"]["changed"] > 0, result
+        assert probe().stdout.strip() == "rebuilt from the edited sources"
+        assert len(list(cache.iterdir())) == 1, sorted(cache.iterdir())
+    finally:  # the other tests see the project as it was
+        restored = converge(project_snapshot)
+    assert restored.rc == 0, restored
+    assert probe().returncode != 0, "the edited project is still installed"
 
 
 def test_no_reboot_through_a_chroot_but_an_instruction(cluster):

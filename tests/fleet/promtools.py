@@ -106,7 +106,7 @@ def two_fleet_runs(work: Path, base: dict[str, Any], textfiles: Path) -> dict[st
     inventory = ",".join(FLEET_HOSTS)
     # Anchored to now, not to the base report's own time: a session-scoped base may have been
     # made many minutes before this test runs.
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     for run in ("run-1", "run-2"):
         reports = synthetic.build(12, base=base, run_id=run, slow=FLEET_SLOW, broken=FLEET_BROKEN)
         started = now - dt.timedelta(days=2) if run == "run-1" else now  # run 2 is now
