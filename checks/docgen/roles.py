@@ -138,12 +138,23 @@ def _main_tags(role: str, role_dir: Path) -> list[tuple[str, str, str]]:
                 if name == role and isinstance(entry, dict):
                     for tag in _as_list(entry.get("tags")):
                         rows.append((tag, "the whole role", f"playbooks/{playbook.name}"))
-    for task in _tasks(role_dir / "tasks" / "main.yml"):
+    return rows + _phase_tags(role_dir / "tasks", "main.yml")
+
+
+def _phase_tags(tasks_dir: Path, name: str) -> list[tuple[str, str, str]]:
+    """(tag, task, file) for the tagged tasks of a task file. A phase that only some hosts need
+    is included (include_tasks, tagged `always` so that it is reached whatever the tags): its
+    phases are the tagged tasks of the file it includes."""
+    rows = []
+    for task in _tasks(tasks_dir / name):
         module, args = _module(task)
         target = args if isinstance(args, str) else (args or {}).get("file", "") \
             if isinstance(args, dict) else ""
+        if module.endswith("include_tasks") and target:
+            rows.extend(_phase_tags(tasks_dir, target))
+            continue
         for tag in _as_list(task.get("tags")):
-            where = f"tasks/{target}" if "import" in module or "include" in module else "tasks/main.yml"
+            where = f"tasks/{target}" if "import" in module or "include" in module else f"tasks/{name}"
             rows.append((tag, str(task.get("name", module)), where))
     return rows
 

@@ -34,6 +34,17 @@ def test_real_readme_carries_spec_variables_tags_and_reboot() -> None:
     assert "Reboot to load the NVIDIA driver" in text and "tasks/load.yml" in text
 
 
+def test_phase_tags_behind_an_include_are_listed() -> None:
+    """Phases that only some hosts need are included (tagged `always`): the README lists the
+    phases inside, not `always`."""
+    for role, phase, where in [("nvidia_driver", "nvidia_driver_load", "tasks/load.yml"),
+                               ("fabric_manager", "fabric_manager_service", "tasks/service.yml"),
+                               ("imex", "imex_configure", "tasks/configure.yml")]:
+        text = gen.markdown(next(r for r in gen.roles() if r.name == role))
+        assert f"| `{phase}` |" in text and where in text, role
+        assert "| `always` |" not in text, role
+
+
 # --- the generator on a made-up role --------------------------------------------------------
 
 SPEC = """\
