@@ -251,6 +251,26 @@ def test_nouveau_persistence_and_upgrades_are_configured(cluster):
         assert os.readlink(wants) == "/lib/systemd/system/nvidia-persistenced.service"
 
 
+def test_a_phase_tag_runs_that_phase_alone(cluster, ansible_home):
+    """The driver's phases are included only on hosts with driver packages; a phase's tag still
+    selects that phase and nothing of the other phases."""
+    root = cluster.roots["hgx-h100"]
+    blacklist = root / "etc/modprobe.d/nodecert-blacklist-nouveau.conf"
+    blacklist.unlink()
+    result = runner.run_playbook(
+        "provision.yml", cluster.inventory, ansible_home("cluster"),
+        "--limit", "hgx-h100", "--tags", "nvidia_driver_configure",
+    )
+    assert result.rc == 0, result
+    assert "blacklist nouveau" in blacklist.read_text()
+    assert re.search(r"TASK \[nvidia_driver : Blacklist nouveau\][ *]*\nchanged: \[hgx-h100\]", result.output)
+    # a task of the install phase, one of the load phase (tasks tagged `always` run anyway), and
+    # other roles' install tasks
+    for other in ("Lift the holds of other driver branches", "Hold the driver packages",
+                  "Report a node without GPUs", "Install the CUDA toolkit", "Install NCCL"):
+        assert f" : {other}" not in result.output, other
+
+
 def test_venv_imports_torch_and_this_project(cluster, base_vars):
     for root in cluster.roots.values():
         probe = runner.in_root(
