@@ -47,7 +47,7 @@ test: system-deps $(DEV_DEPS)
 
 lint: $(DEV_DEPS)
 	$(VENV)/bin/ruff check checks trainer tests benchmarks
-	cd playbooks && ../$(VENV)/bin/ansible-lint --profile production
+	cd playbooks && $(abspath $(VENV))/bin/ansible-lint --profile production
 
 # Never falls back to the implicit localhost: no inventory file is a usage error.
 inventory-exists:

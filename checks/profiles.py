@@ -10,12 +10,13 @@ import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+from checks import resources
+
+PROFILE_DIR = resources.data("profiles")
 GENERIC = "generic"
 
 
@@ -61,7 +62,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+    return resources.stems("profiles")
 
 
 def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:

@@ -10,10 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from checks import __version__
+from checks import __version__, resources
 from checks.model import CheckOutcome, Status
 
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
+SCHEMA_PATH = resources.data("schema", "report.schema.json")
 SCHEMA_VERSION = "1.0"
 # Environment variables that change NCCL/gloo/torch behaviour are recorded with the results.
 RECORDED_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_NUM_THREADS", "NVIDIA_")

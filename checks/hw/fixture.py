@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from checks import resources
 from checks.hw.base import (
     GPU_FIELDS,
     Backend,
@@ -31,7 +32,7 @@ from checks.hw.base import (
     TorchInfo,
 )
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_DIR = resources.data("scenarios")
 TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
             "nvswitches", "torch", "measurements",
             "rdma"}  # issue 11: RDMA devices (see _rdma_devices)
@@ -70,13 +71,13 @@ def resolve(name_or_path: str) -> Path:
         return path
     for candidate in (SCENARIO_DIR / name_or_path, SCENARIO_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
-            return candidate
+            return Path(str(candidate))
     raise ScenarioError(f"scenario {name_or_path!r}: no such file or shipped scenario "
                         f"(shipped: {', '.join(shipped())})")
 
 
 def shipped() -> list[str]:
-    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+    return resources.stems("scenarios")
 
 
 def _merge(base: Any, over: Any) -> Any:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-TABLE = Path(__file__).resolve().parent / "budget.yaml"
+from checks import resources
+
+TABLE = resources.data("node", "budget.yaml")
 
 
 class BudgetError(Exception):
