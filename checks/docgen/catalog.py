@@ -3,6 +3,7 @@ and the list of shipped scenarios (docs/scenarios.md). A test keeps both in sync
 
     python -m checks.docgen.catalog            # print the check table
     python -m checks.docgen.catalog --write    # refresh both documents in place
+    python -m checks.docgen.catalog --check    # exit 1 when either is out of date
 """
 
 from __future__ import annotations
@@ -57,8 +58,27 @@ def write() -> None:
                                    scenarios_markdown()))
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--write"], ["--check"]):
+        print(f"usage: python -m checks.docgen.catalog [--write | --check] (got {' '.join(args)})",
+              file=sys.stderr)
+        return 2
+    if args == ["--write"]:
         write()
-    else:
-        print(markdown())
+        return 0
+    if args == ["--check"]:
+        stale = [str(doc.relative_to(ROOT)) for doc, fresh in (
+            (CHECKS_DOC, embed(CHECKS_DOC.read_text())),
+            (SCENARIOS_DOC, embed(SCENARIOS_DOC.read_text(), SCENARIOS_BEGIN, SCENARIOS_END,
+                                  scenarios_markdown()))) if doc.read_text() != fresh]
+        for doc in stale:
+            print(f"error: {doc} is out of date; run: python -m checks.docgen.catalog --write",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    print(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

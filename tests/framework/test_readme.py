@@ -31,3 +31,16 @@ def test_readme_links_every_topic_document_and_the_links_resolve() -> None:
     assert documents <= linked, f"README.md does not link {sorted(documents - linked)}"
     assert all((catalog.ROOT / link).is_file() for link in linked)
     assert len(text.splitlines()) <= 260, "README.md is the front door: keep it short"
+
+
+def test_catalog_check_exits_1_on_a_stale_doc_and_2_on_bad_usage(tmp_path, monkeypatch, capsys):
+    assert catalog.main(["--check"]) == 0
+    stale = tmp_path / "checks.md"
+    stale.write_text(catalog.CHECKS_DOC.read_text().replace("| id | code |", "| id | fault |"))
+    (tmp_path / "scenarios.md").write_text(catalog.SCENARIOS_DOC.read_text())
+    monkeypatch.setattr(catalog, "CHECKS_DOC", stale)
+    monkeypatch.setattr(catalog, "ROOT", tmp_path)
+    monkeypatch.setattr(catalog, "SCENARIOS_DOC", tmp_path / "scenarios.md")
+    assert catalog.main(["--check"]) == 1
+    assert "checks.md is out of date" in capsys.readouterr().err
+    assert catalog.main(["--chek"]) == 2
