@@ -7,6 +7,8 @@ else by the NVIDIA GPUs' PCI device IDs (readable with no driver), else by NVML'
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ import yaml
 from checks import resources
 
 PROFILE_DIR = resources.data("profiles")
+SCHEMA = resources.data("schema", "profile.schema.json")
 GENERIC = "generic"
 
 
@@ -65,6 +68,30 @@ def available() -> list[str]:
     return resources.stems("profiles")
 
 
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+
+
+def validate(data: dict[str, Any], where: str) -> None:
+    """Every key known to the profile schema, every value of its type: else one line naming the
+    file and the key (a typo would otherwise silently leave the generic default in force)."""
+    errors = sorted(_validator().iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return
+    error = errors[0]
+    key = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties":
+        known = set((error.schema.get("properties") or {}).keys())
+        unknown = sorted(set(error.instance) - known) if isinstance(error.instance, dict) else []
+        names = ", ".join(f"{key + '.' if key else ''}{u}" for u in unknown)
+        raise ProfileError(f"{where}: unknown key {names} "
+                           "(the keys are in checks/schema/profile.schema.json)")
+    raise ProfileError(f"{where}: {key or 'top level'}: {' '.join(error.message.split())[:200]}")
+
+
 def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
     path = PROFILE_DIR / f"{name}.yaml"
     if not path.is_file():
@@ -77,6 +104,7 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must be a mapping")
+    validate(data, f"checks/profiles/{name}.yaml")
     parent = data.pop("extends", None)
     if parent:
         data = _merge(load(parent, (*_seen, name)).data, data)
