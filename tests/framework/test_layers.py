@@ -64,16 +64,18 @@ def test_every_project_import_resolves_to_a_module() -> None:
 
 
 @pytest.mark.parametrize(("layer", "allowed"), [
+    ("checks.resources", ()),
     ("checks.supervise", ("checks.supervise",)),
-    ("checks.hw", ("checks.hw", "checks.supervise", "checks.model")),
+    ("checks.hw", ("checks.hw", "checks.supervise", "checks.model", "checks.resources")),
     ("trainer", ("trainer", "checks.hw", "checks.supervise", "checks.cliutil")),
     ("checks.model", ("checks.model",)),
-    ("checks.profiles", ("checks.profiles", "checks.model")),
-    ("checks.report_schema", ("checks.report_schema", "checks.model")),
+    ("checks.profiles", ("checks.profiles", "checks.model", "checks.resources")),
+    ("checks.report_schema", ("checks.report_schema", "checks.model", "checks.resources")),
     ("checks.cliutil", ()),
     ("checks.render", ("checks.render", "checks.model", "checks.profiles", "checks.report_schema",
                        "checks.fleet")),
     ("checks.node", ("checks.node", "checks.hw", "checks.supervise", "checks.model", "checks.render",
+                     "checks.resources",
                      "checks.profiles", "checks.report_schema", "checks.cliutil",
                      "trainer")),
 ])
