@@ -13,13 +13,14 @@ the rendezvous endpoint and one rendezvous id per group:
 Each node writes a host report (same schema as `python -m checks`) with two checks,
 `xhost-collective` and `xhost-ddp`; the controller (`checks.fleet.crosshost_plan`) compares the
 nodes' reports to name the host that did not join, hung or crashed, and in pairwise mode the
-bad link. `plan` prints the grouping (all hosts at once, or pairs then shifted pairs).
+bad link. The controller plans the groups (all hosts at once, or pairs then shifted pairs):
+`python -m checks.fleet.crosshost_plan --hosts a,b,c,d --mode pairs`.
 
 The endpoint is the first host's inventory address, never 0.0.0.0; choose the interface with
 --ifname (sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
 
-Per-rail runs (checks/node/rails.py): `plan --rails rail0=mlx5_0/ens1,rail1=mlx5_1/ens2` plans the
-mode's groups once per rail; each node then runs with `--rail rail1 --hca mlx5_1 --ifname ens2`
+Per-rail runs (checks/node/rails.py): `python -m checks.fleet.crosshost_plan --hosts ... --rails
+rail0=mlx5_0/ens1,rail1=mlx5_1/ens2` plans the mode's groups once per rail; each node then runs with `--rail rail1 --hca mlx5_1 --ifname ens2`
 (NCCL_IB_HCA, the socket interfaces and, on GPU hosts, one rank on the GPU nearest that NIC),
 and the controller names the host and rail that is slow or broken.
 """

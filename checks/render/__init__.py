@@ -1,1 +1,2 @@
-"""Renderers over one result list: terminal table, JUnit XML (JSON lives in report.py)."""
+"""Renderers over one host report: terminal table, JUnit XML, HTML (a fleet of one) and Prometheus
+textfile; the JSON report itself is built by checks/report_schema.py."""
