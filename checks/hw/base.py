@@ -278,6 +278,20 @@ class Backend(abc.ABC):
         """Network interface names (/sys/class/net), None when they cannot be listed."""
         return None
 
+    # --- Addresses the cross-host stage compares (checks/node/crosshost_node.py) -----------------
+    def interface_address(self, ifname: str) -> str | None:
+        """IPv4 address of a network interface, None when it has none or does not exist."""
+        return None
+
+    def route_source(self, host: str, port: int) -> str:
+        """The local address the kernel routes to host:port from (nothing is sent).
+        HardwareError when there is no route."""
+        raise NotSupported(f"routes are not available on the {self.name} backend")
+
+    def hostname_addresses(self) -> list[str]:
+        """IPv4 addresses this host's name resolves to (what NCCL and gloo advertise by default)."""
+        return []
+
     def perftest(self) -> dict[str, Any] | None:
         """The installed `ib_write_bw`: {"path", "cuda": built with --use_cuda}; None when
         perftest is not installed. Measurements: workload("ib_write_bw", nic=, gpu=, ...)."""

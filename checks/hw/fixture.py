@@ -458,6 +458,24 @@ class FixtureBackend(Backend):
         names = self._host.get("net_interfaces", ["lo", "eth0"])
         return None if names is None else [str(n) for n in names]
 
+    # host.network: {interfaces: {ifname: address}, route_source: address or null (no route),
+    # hostname_addresses: [...]}; by default everything is loopback and consistent
+    def _network(self) -> dict[str, Any]:
+        return dict(self._host.get("network") or {})
+
+    def interface_address(self, ifname: str) -> str | None:
+        value = (self._network().get("interfaces") or {"lo": "127.0.0.1"}).get(ifname)
+        return None if value is None else str(value)
+
+    def route_source(self, host: str, port: int) -> str:
+        network = self._network()
+        if "route_source" in network and network["route_source"] is None:
+            raise HardwareError(f"no route to {host}:{port} (scenario)")
+        return str(network.get("route_source", "127.0.0.1"))
+
+    def hostname_addresses(self) -> list[str]:
+        return [str(a) for a in self._network().get("hostname_addresses", ["127.0.0.1"])]
+
     def perftest(self) -> dict[str, Any] | None:
         info = self._host.get("perftest")
         return None if info is None else {"path": str(info.get("path", "/usr/bin/ib_write_bw")),

@@ -245,6 +245,37 @@ class LinuxBackend(Backend):
         except OSError:
             return None
 
+    def interface_address(self, ifname: str) -> str | None:
+        import fcntl
+        import socket
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+            except OSError:
+                return None
+        return socket.inet_ntoa(packed[20:24])
+
+    def route_source(self, host: str, port: int) -> str:
+        import socket
+
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+                return str(probe.getsockname()[0])
+        except (OSError, ValueError) as exc:
+            raise HardwareError(str(exc)) from exc
+
+    def hostname_addresses(self) -> list[str]:
+        import socket
+
+        try:
+            return sorted({str(a[4][0]) for a in socket.getaddrinfo(socket.gethostname(), None,
+                                                                    socket.AF_INET)})
+        except OSError:
+            return []
+
     def torch(self) -> TorchInfo:
         if self._torch is None:
             self._torch = read_torch()

@@ -20,15 +20,17 @@ The endpoint is the first host's inventory address, never 0.0.0.0; choose the in
 --ifname (sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
 
 Per-rail runs (checks/node/rails.py): `python -m checks.fleet.crosshost_plan --hosts ... --rails
-rail0=mlx5_0/ens1,rail1=mlx5_1/ens2` plans the mode's groups once per rail; each node then runs with `--rail rail1 --hca mlx5_1 --ifname ens2`
-(NCCL_IB_HCA, the socket interfaces and, on GPU hosts, one rank on the GPU nearest that NIC),
-and the controller names the host and rail that is slow or broken.
+rail0=mlx5_0/ens1,rail1=mlx5_1/ens2` plans the mode's groups once per rail; each node then runs
+with `--rail rail1 --hca mlx5_1 --ifname ens2` (NCCL_IB_HCA, the socket interfaces and, on GPU
+hosts, one rank on the GPU nearest that NIC), and the controller names the host and rail that is
+slow or broken.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import socket
 import sys
@@ -38,7 +40,7 @@ from typing import Any
 
 from checks import cliutil
 from checks import report_schema as report
-from checks.hw.base import HardwareError
+from checks.hw.base import Backend, HardwareError
 from checks.hw.measure import nccl_log
 from checks.model import CheckOutcome, Result, Status, error
 from checks.node.rails import Rail, nearest_gpu, rail_env
@@ -47,17 +49,22 @@ STAGES = ("collective", "ddp")
 EXIT_USAGE = 2
 
 
-def _platform() -> tuple[bool, int]:
+@functools.cache
+def _hardware() -> Backend:
+    """This machine, read only through the hardware layer (a fixture backend can stand in)."""
     from checks.hw.linux import LinuxBackend
 
+    return LinuxBackend()
+
+
+def _platform(hw: Backend | None = None) -> tuple[bool, int]:
+    hw = hw or _hardware()
     # No NVIDIA driver on this host: CUDA cannot be available, and importing torch here only to
     # learn that costs seconds per node (the ranks import it anyway).
-    hw = LinuxBackend()
     if hw.proc_driver_version() is None and not hw.gpu_device_nodes():
         return False, 0
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    info = hw.torch()
+    gpus = info.device_count if info.cuda_available else 0
     return gpus > 0, gpus
 
 
@@ -78,41 +85,23 @@ def rendezvous_view(log_tail: str, endpoint: str) -> str:
     return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
 
 
-def _interface_address(ifname: str) -> str | None:
-    """IPv4 address of a network interface (SIOCGIFADDR), None when it has none or is absent."""
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def address_view(endpoint: str, ifname: str | None) -> dict[str, Any]:
+def address_view(endpoint: str, ifname: str | None, hw: Backend | None = None) -> dict[str, Any]:
     """Which address this host's gloo/NCCL sockets would advertise, against the one it reaches the
     rendezvous from: with --ifname, that interface's address; without, the address the hostname
     resolves to (what NCCL and gloo fall back to; on a multi-homed node, or with Debian's
     `127.0.1.1 hostname` line, an address the other hosts may not reach). A mismatch on a failed
-    stage names this host."""
+    stage names this host. Read through the hardware layer, so a scenario can play it."""
+    hw = hw or _hardware()
     host, _, port = endpoint.rpartition(":")
     view: dict[str, Any] = {"ifname": ifname}
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
-            view["route_source"] = probe.getsockname()[0]
-    except (OSError, ValueError) as exc:
+        view["route_source"] = hw.route_source(host, int(port))
+    except (HardwareError, ValueError) as exc:
         view["route_source"] = None
         view["route_error"] = str(exc)
-    try:
-        view["hostname_addresses"] = sorted({str(a[4][0]) for a in socket.getaddrinfo(
-            socket.gethostname(), None, socket.AF_INET)})
-    except OSError:
-        view["hostname_addresses"] = []
+    view["hostname_addresses"] = hw.hostname_addresses()
     if ifname:
-        view["ifname_address"] = _interface_address(ifname)
+        view["ifname_address"] = hw.interface_address(ifname)
         advertised = [view["ifname_address"]] if view["ifname_address"] else []
     else:
         advertised = view["hostname_addresses"]
@@ -155,11 +144,10 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
 
 
 def _rdma_ports_up() -> tuple[str, ...]:
-    from checks.hw.linux import LinuxBackend
     from checks.node.suite.fabric import active_ports
 
     try:
-        return active_ports(LinuxBackend().rdma_devices())
+        return active_ports(_hardware().rdma_devices())
     except HardwareError:
         return ()
 
@@ -268,9 +256,7 @@ def node(args: argparse.Namespace) -> int:
         # One rank per node on the rail's GPU (HGX rails pair GPU k with NIC k): the rails of a
         # node are compared with each other, not with a run over all NICs.
         if on_gpu and args.rail_gpu is None and args.hca:
-            from checks.hw.linux import LinuxBackend
-
-            args.rail_gpu = nearest_gpu(LinuxBackend(), args.hca)
+            args.rail_gpu = nearest_gpu(_hardware(), args.hca)
         if on_gpu and args.rail_gpu is None:
             raise ValueError(f"cannot tell which GPU uses rail {args.rail} (no HCA, or "
                              f"{args.hca} not found on the PCI bus): give --rail-gpu N")

@@ -163,6 +163,22 @@ def test_address_view_compares_hostname_with_the_route() -> None:
     assert node_cli.address_view("127.0.0.1:29400", "lo")["mismatch"] is False
 
 
+def test_address_view_reads_through_the_hardware_layer_so_a_scenario_plays_it() -> None:
+    """A multi-homed node whose hostname resolves to the management network while the route to
+    the rendezvous leaves from the fabric (Debian's `127.0.1.1 hostname` line is the same case)."""
+    from checks.hw.fixture import FixtureBackend
+
+    multihomed = FixtureBackend({"host": {"network": {
+        "interfaces": {"ens1": "10.9.0.12", "eno1": "192.0.2.7"}, "route_source": "10.9.0.12",
+        "hostname_addresses": ["192.0.2.7"]}}})
+    view = node_cli.address_view("10.9.0.1:29400", None, multihomed)
+    assert view["route_source"] == "10.9.0.12" and view["mismatch"] is True
+    assert node_cli.address_view("10.9.0.1:29400", "ens1", multihomed)["mismatch"] is False
+    unrouted = FixtureBackend({"host": {"network": {"route_source": None}}})
+    view = node_cli.address_view("10.9.0.1:29400", None, unrouted)
+    assert view["route_source"] is None and "no route" in view["route_error"] and view["mismatch"] is False
+
+
 def _own_address() -> str | None:
     import socket
 

@@ -62,8 +62,9 @@ def node(tmp_path_factory):
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(python), "-c", purelib], check=True, capture_output=True,
+                               text=True).stdout.strip())
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     (site / "zz-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -75,7 +76,8 @@ def node(tmp_path_factory):
     def run(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
         done = subprocess.run([str(python), *args], cwd=run_dir, env=env, capture_output=True, text=True,
                               timeout=600)
-        assert done.returncode in ok, f"{args}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode in ok, (f"{args}: exit {done.returncode}\n{done.stdout[-3000:]}\n"
+                                       f"{done.stderr[-3000:]}")
         return done
 
     return {"wheel": wheel, "site": site, "run": run, "dir": run_dir}
@@ -92,7 +94,7 @@ def test_the_wheel_holds_every_data_file_the_product_reads(node):
 
 
 def test_runs_from_the_install_not_the_source_tree(node):
-    where = node["run"]("-c", "import checks, trainer; print(checks.__file__); print(trainer.__file__)").stdout
+    where = node["run"]("-c", "import checks, trainer; print(checks.__file__, trainer.__file__)").stdout
     assert str(ROOT) not in where and str(node["site"]) in where, where
 
 

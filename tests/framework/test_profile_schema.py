@@ -63,7 +63,8 @@ def test_a_typo_is_a_load_error_naming_file_and_key() -> None:
 
 
 def test_a_wrong_type_is_a_load_error_naming_file_and_key() -> None:
-    with pytest.raises(profiles.ProfileError, match=r"x\.yaml: ecc\.required: 'yes' is not of type 'boolean'"):
+    with pytest.raises(profiles.ProfileError,
+                       match=r"x\.yaml: ecc\.required: 'yes' is not of type 'boolean'"):
         profiles.validate({"ecc": {"required": "yes"}}, "x.yaml")
     with pytest.raises(profiles.ProfileError, match=r"x\.yaml: pcie\.min_gen: .* not of type 'number'"):
         profiles.validate({"pcie": {"min_gen": "3"}}, "x.yaml")
