@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from checks.hw.base import NotSupported
@@ -285,6 +286,88 @@ def gpu_power(ctx: Context) -> Iterator[Result]:
     yield from each_gpu(ctx, measure)
 
 
+@dataclass(frozen=True)
+class _LinkExpectation:
+    """What one GPU's NVLinks must show: `links` up (a number, with why), nothing (skip, why),
+    or one of two warnings: SXM GPUs with no fabric at all, or some links up and no profile
+    figure to judge them by."""
+
+    links: int | None
+    why: str
+    warning: str | None = None  # "no-fabric" or "unknown-count"
+
+
+@dataclass(frozen=True)
+class _NvlinkSetting:
+    expected_links: int | None
+    bridge_links: int | None
+    stated: int | None
+    switches: int
+    peers: int
+
+    def expect(self, links: list[dict[str, Any]]) -> _LinkExpectation:
+        if self.stated is not None:
+            return _LinkExpectation(self.stated or None, f"--expect-nvlink {self.stated}")
+        active = sum(1 for lk in links if lk["active"])
+        if self.bridge_links:
+            if active == 0:
+                return _LinkExpectation(None, "no NVLink bridge fitted (PCIe card, all links inactive)")
+            return _LinkExpectation(int(self.bridge_links),
+                                    f"NVLink bridge: {self.bridge_links} links per card")
+        if self.expected_links:
+            if self.switches or active:
+                return _LinkExpectation(int(self.expected_links),
+                                        f"{self.switches} NVSwitch(es) on the bus" if self.switches
+                                        else "links in use")
+            if self.peers <= 1:
+                return _LinkExpectation(None, "one GPU and no NVSwitch on the PCI bus (a GPU passed "
+                                              "through alone, e.g. a VM slice): NVLink has no peer")
+            return _LinkExpectation(None, "", warning="no-fabric")
+        if active and active < len(links):
+            return _LinkExpectation(None, "", warning="unknown-count")
+        return _LinkExpectation(active or None, "links in use" if active else "no link in use")
+
+
+def _judge_links(gpu: Gpu, setting: _NvlinkSetting, profile: str, error_warn: int) -> Result:
+    try:
+        links = gpu.handle.query("nvlink")
+    except NotSupported:
+        links = []
+    want = setting.expect(links)
+    active = [lk["link"] for lk in links if lk["active"]]
+    if want.warning == "no-fabric":
+        return warn(f"{setting.peers} SXM GPUs, no NVSwitch on the PCI bus and no NVLink active: "
+                    "GPU-to-GPU traffic goes over PCIe", value=0,
+                    expected=f"{setting.expected_links} links",
+                    remedy="on bare metal: Fabric Manager, NVSwitch baseboard and driver; in "
+                           "a VM: the instance type may not include NVLink")
+    if want.warning == "unknown-count":
+        return warn(f"{len(active)} of {len(links)} NVLink links active and profile "
+                    f"{profile} does not say how many to expect", value=len(active),
+                    remedy="pass --profile for this model, or add one")
+    if want.links is None:
+        return skip(want.why, value=len(active))
+    if not links:
+        return fail(f"NVLink not supported/reported, {want.links} links expected ({want.why})",
+                    value=0, expected=str(want.links),
+                    remedy="check the driver and Fabric Manager; reboot")
+    if len(active) < want.links:
+        down = [lk["link"] for lk in links if not lk["active"]][: want.links - len(active)]
+        return fail(f"{len(active)} of {want.links} NVLink links up ({want.why}; down: "
+                    f"{', '.join(map(str, down)) or 'missing'})", value=len(active),
+                    expected=str(want.links), details={"down": down},
+                    remedy="reset the GPU or reboot; a link that stays down is a baseboard, "
+                           "bridge or GPU fault: " + REMEDY_RMA)
+    noisy = {lk["link"]: lk["errors"] for lk in links
+             if any(v > error_warn for v in lk["errors"].values())}
+    if noisy:
+        return warn(f"NVLink error counters above {error_warn} on links "
+                    f"{', '.join(map(str, noisy))}", value=len(active), details=noisy,
+                    remedy="watch the trend; rising replay/CRC counts mean a marginal link")
+    return passed(f"{len(active)}/{want.links} links up ({want.why}), counters low",
+                  value=len(active), expected=str(want.links))
+
+
 @check("nvlink", code="GPU010", title="NVLink links up and error counters low", needs=DRIVER)
 def nvlink(ctx: Context) -> Iterator[Result]:
     """How many links must be up comes from what the node is: SXM parts (profile nvlink.links)
@@ -294,78 +377,14 @@ def nvlink(ctx: Context) -> Iterator[Result]:
     link once any is up, and an unbridged card needs none. Replay/recovery/CRC counters above
     nvlink.error_warn warn."""
     p = ctx.profile
-    expected_links = p.get("nvlink.links")
-    bridge_links = p.get("nvlink.bridge_links")
+    setting = _NvlinkSetting(expected_links=p.get("nvlink.links"), bridge_links=p.get("nvlink.bridge_links"),
+                             stated=ctx.options.expect_nvlink, switches=len(ctx.nvswitches),
+                             peers=len([g for g in ctx.gpus if not g.lost]))
     error_warn = int(p.require("nvlink.error_warn"))
-    if expected_links == 0 and not bridge_links and not ctx.options.expect_nvlink:
+    if setting.expected_links == 0 and not setting.bridge_links and not setting.stated:
         yield skip(f"profile {p.name} has no NVLink")
         return
-    switches = len(ctx.nvswitches)
-    peers = len([g for g in ctx.gpus if not g.lost])
-
-    stated = ctx.options.expect_nvlink
-
-    def judge(links: list[dict[str, Any]]) -> tuple[int | None, str]:
-        """(links that must be up, why); None: no expectation for this GPU."""
-        if stated is not None:
-            return (stated or None), f"--expect-nvlink {stated}"
-        active = sum(1 for lk in links if lk["active"])
-        if bridge_links:
-            if active == 0:
-                return None, "no NVLink bridge fitted (PCIe card, all links inactive)"
-            return int(bridge_links), f"NVLink bridge: {bridge_links} links per card"
-        if expected_links:
-            if switches or active:
-                return int(expected_links), (f"{switches} NVSwitch(es) on the bus" if switches
-                                             else "links in use")
-            if peers <= 1:
-                return None, ("one GPU and no NVSwitch on the PCI bus (a GPU passed through "
-                              "alone, e.g. a VM slice): NVLink has no peer")
-            return -1, ""
-        if active and active < len(links):
-            return -2, ""
-        return (active or None), "links in use" if active else "no link in use"
-
-    def measure(gpu: Gpu) -> Result:
-        try:
-            links = gpu.handle.query("nvlink")
-        except NotSupported:
-            links = []
-        want, why = judge(links)
-        active = [lk["link"] for lk in links if lk["active"]]
-        if want is None:
-            return skip(why, value=len(active))
-        if want == -1:
-            return warn(f"{peers} SXM GPUs, no NVSwitch on the PCI bus and no NVLink active: "
-                        "GPU-to-GPU traffic goes over PCIe", value=0,
-                        expected=f"{expected_links} links",
-                        remedy="on bare metal: Fabric Manager, NVSwitch baseboard and driver; in "
-                               "a VM: the instance type may not include NVLink")
-        if want == -2:
-            return warn(f"{len(active)} of {len(links)} NVLink links active and profile "
-                        f"{p.name} does not say how many to expect", value=len(active),
-                        remedy="pass --profile for this model, or add one")
-        if not links:
-            return fail(f"NVLink not supported/reported, {want} links expected ({why})",
-                        value=0, expected=str(want),
-                        remedy="check the driver and Fabric Manager; reboot")
-        if len(active) < want:
-            down = [lk["link"] for lk in links if not lk["active"]][: want - len(active)]
-            return fail(f"{len(active)} of {want} NVLink links up ({why}; down: "
-                        f"{', '.join(map(str, down)) or 'missing'})", value=len(active),
-                        expected=str(want), details={"down": down},
-                        remedy="reset the GPU or reboot; a link that stays down is a baseboard, "
-                               "bridge or GPU fault: " + REMEDY_RMA)
-        noisy = {lk["link"]: lk["errors"] for lk in links
-                 if any(v > error_warn for v in lk["errors"].values())}
-        if noisy:
-            return warn(f"NVLink error counters above {error_warn} on links "
-                        f"{', '.join(map(str, noisy))}", value=len(active), details=noisy,
-                        remedy="watch the trend; rising replay/CRC counts mean a marginal link")
-        return passed(f"{len(active)}/{want} links up ({why}), counters low", value=len(active),
-                      expected=str(want))
-
-    yield from each_gpu(ctx, measure)
+    yield from each_gpu(ctx, lambda gpu: _judge_links(gpu, setting, p.name, error_warn))
 
 
 FABRIC_DONE = ("completed", "success")
