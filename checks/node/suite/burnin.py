@@ -94,9 +94,142 @@ def throughput_floor(ctx: Context, dtype: str) -> rules.Threshold | None:
     peak = p.get(f"peaks.{dtype}_tflops")
     if peak is None:
         return None
-    fraction = float(p.get("burn_in.min_fraction", 0.5))
+    fraction = float(p.get("burn_in.min_fraction"))
     return rules.Threshold(float(peak) * fraction,
                            f"{fraction:g} x {peak:g} spec peak (profile {p.name})")
+
+
+def _cpu_verdict(m: dict[str, Any]) -> Result:
+    d = m["devices"][0]
+    details = {"run": {k: m[k] for k in ("duration_s", "n", "dtype")}, "devices": m["devices"]}
+    if d["mismatched_elements"] or d["digest_first"] != d["digest_last"]:
+        return fail(f"CPU GEMM results changed between repetitions "
+                    f"({d['mismatched_elements']} element(s))", value=d["mismatched_elements"],
+                    details=details, remedy="run memtest86+; suspect RAM or CPU")
+    return passed(f"CPU burn {m['duration_s']:.1f} s: {d['iterations']} GEMMs "
+                  f"{m['n']}^3 {m['dtype']}, every result bit-identical (no GPU: the CPU ran "
+                  f"it; throughput and clocks not judged)",
+                  value=d["iterations"], unit="GEMMs", details=details)
+
+
+class _GpuBurnJudge:
+    """One burn-in run's figures, judged GPU by GPU: results first (silent data corruption),
+    then throughput, clocks and throttling under load, then whether NVML saw it loaded."""
+
+    def __init__(self, ctx: Context, m: dict[str, Any], untouched: dict[str, str]) -> None:
+        p = ctx.profile
+        self.m, self.untouched = m, untouched
+        devices = m["devices"]
+        self.first_ref = majority_digest(devices, "digest_first")
+        self.last_ref = majority_digest(devices, "digest_last")
+        self.by_gpu: dict[int, list[dict[str, Any]]] = {}
+        for x in m.get("samples", []):
+            if "gpu" in x:
+                self.by_gpu.setdefault(int(x["gpu"]), []).append(x)
+        self.margin = int(p.get("thermal.slowdown_margin_c"))
+        self.run = {k: m[k] for k in ("duration_s", "n", "dtype")}
+        self.straggler_pct = float(p.get("straggler_pct"))
+        self.rows = {int(g.device.index or 0): plan.find_row(devices, g) for g in ctx.gpus}
+        self.slow = rules.stragglers({i: float(d["tflops"]) for i, d in self.rows.items() if d},
+                                     self.straggler_pct)
+        self.floor = throughput_floor(ctx, str(m["dtype"]))
+        self.min_util = float(p.get("burn_in.load_utilization_min"))
+        self.warn_fraction = float(p.get("burn_in.clock_warn_fraction"))
+        self.fail_fraction = float(p.get("burn_in.clock_fail_fraction"))
+        self.sampler_errors = [str(x["error"]) for x in m.get("samples", []) if "error" in x]
+
+    def corruption(self, d: dict[str, Any]) -> list[str]:
+        sdc = []
+        if d["mismatched_elements"]:
+            sdc.append(f"{d['mismatched_elements']} element(s) differed from its own first "
+                       f"result over {d['iterations']} GEMMs")
+        if self.first_ref is None or self.last_ref is None:
+            sdc.append("no majority result among the GPUs to compare with")
+        elif d["digest_first"] != self.first_ref or d["digest_last"] != self.last_ref:
+            sdc.append("result differs bit for bit from the other GPUs' (identical inputs)")
+        return sdc
+
+    def load_problems(self, gpu: Any, loaded: list[dict[str, Any]],
+                      details: dict[str, Any]) -> tuple[list[str], list[str], int | None, float | None]:
+        failures, warnings = sample_problems(
+            loaded, pcie_gen_max=plan.query_int(gpu, "pcie_gen_max"),
+            pcie_width_max=plan.query_int(gpu, "pcie_width_max"),
+            slowdown_c=plan.query_int(gpu, "temperature_slowdown_c"), margin_c=self.margin)
+        max_mhz = plan.query_int(gpu, "sm_clock_max_mhz")
+        f_clk, w_clk, median_mhz = clock_problems(loaded, max_mhz=max_mhz,
+                                                  warn_fraction=self.warn_fraction,
+                                                  fail_fraction=self.fail_fraction)
+        if median_mhz is not None:
+            details["figures"]["burnin_sm_clock_mhz"] = median_mhz
+            details["sm_clock_max_mhz"] = max_mhz
+        return failures + f_clk, warnings + w_clk, max_mhz, median_mhz
+
+    def speed_problems(self, index: int, tflops: float) -> list[str]:
+        failures = []
+        if self.floor is not None and tflops < self.floor.value:
+            failures.append(f"throughput {tflops:.0f} TFLOP/s below {self.floor.value:.0f} "
+                            f"({self.floor.source})")
+        if index in self.slow:
+            s = self.slow[index]
+            failures.append(f"straggler: {tflops:.0f} TFLOP/s is {s.shortfall_pct:.0f} % below "
+                            f"the median of the other GPUs ({s.peers_median:.0f}; limit "
+                            f"{self.straggler_pct:g} %)")
+        return failures
+
+    def unsampled(self, text: str, samples: list[dict[str, Any]], tflops: float, expected: str,
+                  details: dict[str, Any]) -> Result:
+        why = ("NVML gave no sample while it ran" if not samples else
+               f"none of its {len(samples)} NVML sample(s) saw it under load (utilization "
+               f">= {self.min_util:g} %, with a clock or throttle reading)")
+        if self.sampler_errors:
+            why += f" ({len(self.sampler_errors)} sampling error(s), first: {self.sampler_errors[0]})"
+            details["sampler_errors"] = self.sampler_errors[:10]
+        return error(f"{text}; clocks and throttling under load not measured: {why}",
+                     value=tflops, unit="TFLOP/s", expected=expected, details=details,
+                     remedy="check that NVML answers while the GPUs are busy (driver-loaded, "
+                            "nvml checks) and rerun; a burn-in without samples proves only "
+                            "the results")
+
+    def __call__(self, gpu: Any) -> Result:
+        index = int(gpu.device.index or 0)
+        d = self.rows.get(index)
+        if d is None:
+            return skip(self.untouched.get((gpu.device.pci or "").lower(), plan.NOT_MEASURED))
+        samples = self.by_gpu.get(index, [])
+        loaded = load_samples(samples, self.min_util)
+        details: dict[str, Any] = {"run": self.run, "device_result": d, "samples": samples,
+                                   "under_load": _summary(loaded),
+                                   "samples_under_load": len(loaded),
+                                   "figures": {"burnin_tflops": d["tflops"]}}
+        sdc = self.corruption(d)
+        if sdc:
+            return fail("; ".join(sdc), value=d["mismatched_elements"], details=details,
+                        expected="bit-identical results", remedy=REMEDY_SDC)
+        failures, warnings, max_mhz, median_mhz = self.load_problems(gpu, loaded, details)
+        tflops = float(d["tflops"])
+        failures += self.speed_problems(index, tflops)
+        text = (f"{d['iterations']} GEMMs in {self.m['duration_s']:.0f} s, {tflops:.0f} TFLOP/s, "
+                f"bit-identical across GPUs")
+        if median_mhz is not None:
+            text += f", SM {median_mhz:.0f} of {max_mhz} MHz under load"
+        expected = (f"bit-identical; within {self.straggler_pct:g} % of the other GPUs"
+                    + (f"; >= {self.floor.value:.0f} TFLOP/s" if self.floor else "")
+                    + "; no thermal/HW slowdown under load")
+        if failures:
+            return fail(f"{text}; but {'; '.join(failures)}", value=tflops, unit="TFLOP/s",
+                        expected=expected, details=details,
+                        remedy="check cooling, power delivery and clock-throttle for this GPU; a "
+                               "GPU slow with normal clocks, or a link that narrows under load, "
+                               "needs reseating or an RMA")
+        if not loaded:
+            return self.unsampled(text, samples, tflops, expected, details)
+        if max_mhz is None or median_mhz is None:
+            warnings.append("SM clock under load not judged (NVML gives no clock or max clock)")
+        if warnings:
+            return warn(f"{text}; {'; '.join(warnings)}", value=tflops, unit="TFLOP/s",
+                        expected=expected, details=details,
+                        remedy="check cooling and the PCIe slot/riser")
+        return passed(text, value=tflops, unit="TFLOP/s", expected=expected, details=details)
 
 
 @check("burn-in", code="BRN001",
@@ -118,120 +251,15 @@ def burn_in(ctx: Context) -> Iterator[Result]:
         return
     duration = float(ctx.options.duration_s)
     if not plat.cuda:
-        duration = min(duration, float(ctx.profile.get("burn_in.cpu_max_s", 5)))
+        duration = min(duration, float(ctx.profile.get("burn_in.cpu_max_s")))
     untouched = plan.prohibited(ctx) if plat.cuda else {}
     dtype = str(plan.setting(ctx, "burn_in.dtype", plat, "fp32"))
     m = ctx.hw.workload(
         "burn_in", device="cuda" if plat.cuda else "cpu", duration_s=duration,
         n=int(plan.setting(ctx, "burn_in.n", plat, 1024)), dtype=dtype,
-        sample_interval_s=float(ctx.profile.get("burn_in.sample_interval_s", 2)),
+        sample_interval_s=float(ctx.profile.get("burn_in.sample_interval_s")),
         exclude_pci=sorted(untouched))
-    devices = m["devices"]
     if not plat.cuda:
-        d = devices[0]
-        details = {"run": {k: m[k] for k in ("duration_s", "n", "dtype")}, "devices": devices}
-        if d["mismatched_elements"] or d["digest_first"] != d["digest_last"]:
-            yield fail(f"CPU GEMM results changed between repetitions "
-                       f"({d['mismatched_elements']} element(s))", value=d["mismatched_elements"],
-                       details=details, remedy="run memtest86+; suspect RAM or CPU")
-            return
-        yield passed(f"CPU burn {m['duration_s']:.1f} s: {d['iterations']} GEMMs "
-                     f"{m['n']}^3 {m['dtype']}, every result bit-identical (no GPU: the CPU ran "
-                     f"it; throughput and clocks not judged)",
-                     value=d["iterations"], unit="GEMMs", details=details)
+        yield _cpu_verdict(m)
         return
-    p = ctx.profile
-    first_ref = majority_digest(devices, "digest_first")
-    last_ref = majority_digest(devices, "digest_last")
-    by_gpu: dict[int, list[dict[str, Any]]] = {}
-    for x in m.get("samples", []):
-        if "gpu" in x:
-            by_gpu.setdefault(int(x["gpu"]), []).append(x)
-    margin = int(p.get("thermal.slowdown_margin_c", 5))
-    run = {k: m[k] for k in ("duration_s", "n", "dtype")}
-    straggler_pct = float(p.get("straggler_pct", 10))
-    rows = {int(g.device.index or 0): plan.find_row(devices, g) for g in ctx.gpus}
-    slow = rules.stragglers({i: float(d["tflops"]) for i, d in rows.items() if d}, straggler_pct)
-    floor = throughput_floor(ctx, str(m["dtype"]))
-    min_util = float(p.get("burn_in.load_utilization_min", 50))
-    sampler_errors = [str(x["error"]) for x in m.get("samples", []) if "error" in x]
-
-    def measure(gpu: Any) -> Result:
-        index = int(gpu.device.index or 0)
-        d = rows.get(index)
-        if d is None:
-            return skip(untouched.get((gpu.device.pci or "").lower(), plan.NOT_MEASURED))
-        samples = by_gpu.get(index, [])
-        loaded = load_samples(samples, min_util)
-        details: dict[str, Any] = {"run": run, "device_result": d, "samples": samples,
-                                   "under_load": _summary(loaded),
-                                   "samples_under_load": len(loaded),
-                                   "figures": {"burnin_tflops": d["tflops"]}}
-        sdc = []
-        if d["mismatched_elements"]:
-            sdc.append(f"{d['mismatched_elements']} element(s) differed from its own first "
-                       f"result over {d['iterations']} GEMMs")
-        if first_ref is None or last_ref is None:
-            sdc.append("no majority result among the GPUs to compare with")
-        elif d["digest_first"] != first_ref or d["digest_last"] != last_ref:
-            sdc.append("result differs bit for bit from the other GPUs' (identical inputs)")
-        if sdc:
-            return fail("; ".join(sdc), value=d["mismatched_elements"], details=details,
-                        expected="bit-identical results", remedy=REMEDY_SDC)
-        failures, warnings = sample_problems(
-            loaded, pcie_gen_max=plan.query_int(gpu, "pcie_gen_max"),
-            pcie_width_max=plan.query_int(gpu, "pcie_width_max"),
-            slowdown_c=plan.query_int(gpu, "temperature_slowdown_c"), margin_c=margin)
-        max_mhz = plan.query_int(gpu, "sm_clock_max_mhz")
-        f_clk, w_clk, median_mhz = clock_problems(
-            loaded, max_mhz=max_mhz,
-            warn_fraction=float(p.get("burn_in.clock_warn_fraction", 0.7)),
-            fail_fraction=float(p.get("burn_in.clock_fail_fraction", 0.5)))
-        failures += f_clk
-        warnings += w_clk
-        if median_mhz is not None:
-            details["figures"]["burnin_sm_clock_mhz"] = median_mhz
-            details["sm_clock_max_mhz"] = max_mhz
-        tflops = float(d["tflops"])
-        if floor is not None and tflops < floor.value:
-            failures.append(f"throughput {tflops:.0f} TFLOP/s below {floor.value:.0f} "
-                            f"({floor.source})")
-        if index in slow:
-            s = slow[index]
-            failures.append(f"straggler: {tflops:.0f} TFLOP/s is {s.shortfall_pct:.0f} % below "
-                            f"the median of the other GPUs ({s.peers_median:.0f}; limit "
-                            f"{straggler_pct:g} %)")
-        text = (f"{d['iterations']} GEMMs in {m['duration_s']:.0f} s, {tflops:.0f} TFLOP/s, "
-                f"bit-identical across GPUs")
-        if median_mhz is not None:
-            text += f", SM {median_mhz:.0f} of {max_mhz} MHz under load"
-        expected = (f"bit-identical; within {straggler_pct:g} % of the other GPUs"
-                    + (f"; >= {floor.value:.0f} TFLOP/s" if floor else "")
-                    + "; no thermal/HW slowdown under load")
-        if failures:
-            return fail(f"{text}; but {'; '.join(failures)}", value=tflops, unit="TFLOP/s",
-                        expected=expected, details=details,
-                        remedy="check cooling, power delivery and clock-throttle for this GPU; a "
-                               "GPU slow with normal clocks, or a link that narrows under load, "
-                               "needs reseating or an RMA")
-        if not loaded:
-            why = ("NVML gave no sample while it ran" if not samples else
-                   f"none of its {len(samples)} NVML sample(s) saw it under load (utilization "
-                   f">= {min_util:g} %, with a clock or throttle reading)")
-            if sampler_errors:
-                why += f" ({len(sampler_errors)} sampling error(s), first: {sampler_errors[0]})"
-                details["sampler_errors"] = sampler_errors[:10]
-            return error(f"{text}; clocks and throttling under load not measured: {why}",
-                         value=tflops, unit="TFLOP/s", expected=expected, details=details,
-                         remedy="check that NVML answers while the GPUs are busy (driver-loaded, "
-                                "nvml checks) and rerun; a burn-in without samples proves only "
-                                "the results")
-        if max_mhz is None or median_mhz is None:
-            warnings.append("SM clock under load not judged (NVML gives no clock or max clock)")
-        if warnings:
-            return warn(f"{text}; {'; '.join(warnings)}", value=tflops, unit="TFLOP/s",
-                        expected=expected, details=details,
-                        remedy="check cooling and the PCIe slot/riser")
-        return passed(text, value=tflops, unit="TFLOP/s", expected=expected, details=details)
-
-    yield from each_gpu(ctx, measure)
+    yield from each_gpu(ctx, _GpuBurnJudge(ctx, m, untouched))
