@@ -53,6 +53,52 @@ def _groups(hosts: list[str], shift: int) -> list[list[str]]:
     return groups
 
 
+def _layouts(hosts: list[str], mode: str) -> list[list[list[str]]]:
+    if mode == "all":
+        return [[list(hosts)]]
+    if mode == "pairs":
+        layouts = [_groups(hosts, 0)]
+        shifted = _groups(hosts, 1)
+        if {frozenset(g) for g in shifted} != {frozenset(g) for g in layouts[0]}:
+            layouts.append(shifted)
+        return layouts
+    raise ValueError(f"unknown mode {mode!r} (all, pairs)")
+
+
+def _rounds(layouts: list[list[list[str]]], addresses: dict[str, str], base_port: int, run_id: str,
+            rails: list[Rail] | None) -> list[list[dict[str, Any]]]:
+    rounds: list[list[dict[str, Any]]] = []
+    port = base_port
+    pinned: list[Rail | None] = list(rails) if rails else [None]
+    for rail in pinned:
+        prefix = f"{rail.name}-" if rail else ""
+        for r, layout in enumerate(layouts):
+            groups: list[dict[str, Any]] = []
+            for g, members in enumerate(layout):
+                leader = members[0]
+                group: dict[str, Any] = {"id": f"{prefix}r{r}g{g}", "hosts": members, "port": port,
+                                         "endpoint": f"{addresses.get(leader, leader)}:{port}",
+                                         "rdzv_id": f"{run_id}-{prefix}r{r}g{g}"}
+                if rail:
+                    group["rail"] = rail.to_dict()
+                groups.append(group)
+                port += 1
+            rounds.append(groups)
+    return rounds
+
+
+def _by_host(hosts: list[str], rounds: list[list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    by_host: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
+    for groups in rounds:
+        for group in groups:
+            for rank, host in enumerate(group["hosts"]):
+                by_host[host].append({"group": group["id"], "nnodes": len(group["hosts"]),
+                                      "node_rank": rank, "endpoint": group["endpoint"],
+                                      "rdzv_id": group["rdzv_id"],
+                                      **({"rail": group["rail"]} if "rail" in group else {})})
+    return by_host
+
+
 def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: str = "nodecert",
          addresses: dict[str, str] | None = None, min_busbw_gbs: float | None = None,
          slow_pct: float = DEFAULT_SLOW_PCT, rails: list[Rail] | None = None) -> dict[str, Any]:
@@ -70,40 +116,8 @@ def plan(hosts: list[str], mode: str = "all", base_port: int = 29400, run_id: st
     if len(set(hosts)) != len(hosts):
         raise ValueError("duplicate host names")
     addresses = addresses or {}
-    if mode == "all":
-        layouts = [[list(hosts)]]
-    elif mode == "pairs":
-        layouts = [_groups(hosts, 0)]
-        shifted = _groups(hosts, 1)
-        if {frozenset(g) for g in shifted} != {frozenset(g) for g in layouts[0]}:
-            layouts.append(shifted)
-    else:
-        raise ValueError(f"unknown mode {mode!r} (all, pairs)")
-    rounds: list[list[dict[str, Any]]] = []
-    port = base_port
-    pinned: list[Rail | None] = list(rails) if rails else [None]
-    for rail in pinned:
-        prefix = f"{rail.name}-" if rail else ""
-        for r, layout in enumerate(layouts):
-            groups: list[dict[str, Any]] = []
-            for g, members in enumerate(layout):
-                leader = members[0]
-                group: dict[str, Any] = {"id": f"{prefix}r{r}g{g}", "hosts": members, "port": port,
-                         "endpoint": f"{addresses.get(leader, leader)}:{port}",
-                         "rdzv_id": f"{run_id}-{prefix}r{r}g{g}"}
-                if rail:
-                    group["rail"] = rail.to_dict()
-                groups.append(group)
-                port += 1
-            rounds.append(groups)
-    by_host: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
-    for groups in rounds:
-        for group in groups:
-            for rank, host in enumerate(group["hosts"]):
-                by_host[host].append({"group": group["id"], "nnodes": len(group["hosts"]),
-                                      "node_rank": rank, "endpoint": group["endpoint"],
-                                      "rdzv_id": group["rdzv_id"],
-                                      **({"rail": group["rail"]} if "rail" in group else {})})
+    rounds = _rounds(_layouts(hosts, mode), addresses, base_port, run_id, rails)
+    by_host = _by_host(hosts, rounds)
     out: dict[str, Any] = {"mode": mode, "rounds": rounds, "hosts": by_host,
            "busbw_rule": {"min_busbw_gbs": min_busbw_gbs, "slow_pct": slow_pct}}
     if rails:

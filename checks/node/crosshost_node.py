@@ -239,7 +239,8 @@ RUNNERS = {"collective": ("xhost-collective", "XHOST001", "collectives across ho
            "ddp": ("xhost-ddp", "XHOST002", "DistributedDataParallel across hosts", ddp_stage)}
 
 
-def node(args: argparse.Namespace) -> int:
+def _validate(args: argparse.Namespace) -> None:
+    """One ValueError (a one-line usage error) for options that cannot work together."""
     if not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank {args.node_rank} is not in 0..{args.nnodes - 1}")
     host, port = args.rdzv_endpoint.rsplit(":", 1) if ":" in args.rdzv_endpoint else ("", "")
@@ -250,41 +251,50 @@ def node(args: argparse.Namespace) -> int:
         raise ValueError(f"--rail {args.rail} needs --ifname (the rail's network interface)")
     if (args.hca or args.rail_gpu is not None) and not args.rail:
         raise ValueError("--hca and --rail-gpu belong to a per-rail run: give --rail NAME too")
-    on_gpu, gpus = _platform()
-    nproc = args.nproc_per_node or gpus or 1
+
+
+def _ranks_per_node(args: argparse.Namespace, on_gpu: bool, gpus: int) -> int:
+    if not args.rail:
+        return int(args.nproc_per_node or gpus or 1)
+    # One rank per node on the rail's GPU (HGX rails pair GPU k with NIC k): the rails of a
+    # node are compared with each other, not with a run over all NICs.
+    if on_gpu and args.rail_gpu is None and args.hca:
+        args.rail_gpu = nearest_gpu(_hardware(), args.hca)
+    if on_gpu and args.rail_gpu is None:
+        raise ValueError(f"cannot tell which GPU uses rail {args.rail} (no HCA, or "
+                         f"{args.hca} not found on the PCI bus): give --rail-gpu N")
+    if args.rail_gpu is not None and on_gpu and args.rail_gpu >= gpus:
+        raise ValueError(f"--rail-gpu {args.rail_gpu}: this host has {gpus} GPU(s)")
+    return int(args.nproc_per_node or 1)
+
+
+def _run_stage(stage: str, args: argparse.Namespace, on_gpu: bool, nproc: int) -> CheckOutcome:
+    cid, code, title, runner = RUNNERS[stage]
+    s0 = time.monotonic()
+    try:
+        result = runner(args, on_gpu, nproc)
+    except Exception as exc:  # a stage that breaks is this stage's ERROR, the next one runs
+        result = error(f"{stage} stage crashed: {type(exc).__name__}: {exc}")
+    result.details.update(nnodes=args.nnodes, node_rank=args.node_rank,
+                          rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                          group=args.group, nproc_per_node=nproc)
     if args.rail:
-        # One rank per node on the rail's GPU (HGX rails pair GPU k with NIC k): the rails of a
-        # node are compared with each other, not with a run over all NICs.
-        if on_gpu and args.rail_gpu is None and args.hca:
-            args.rail_gpu = nearest_gpu(_hardware(), args.hca)
-        if on_gpu and args.rail_gpu is None:
-            raise ValueError(f"cannot tell which GPU uses rail {args.rail} (no HCA, or "
-                             f"{args.hca} not found on the PCI bus): give --rail-gpu N")
-        if args.rail_gpu is not None and on_gpu and args.rail_gpu >= gpus:
-            raise ValueError(f"--rail-gpu {args.rail_gpu}: this host has {gpus} GPU(s)")
-        nproc = args.nproc_per_node or 1
+        result.details["rail"] = Rail(args.rail, args.hca, args.ifname,
+                                      args.rail_gpu if on_gpu else None).to_dict()
+    if result.status in (Status.FAIL, Status.WARN):
+        result.fault_code = code
+    elif result.status is Status.ERROR:
+        result.fault_code = f"{code}-E"
+    return CheckOutcome(cid, code, title, "standard", ("crosshost",), [result], time.monotonic() - s0)
+
+
+def node(args: argparse.Namespace) -> int:
+    _validate(args)
+    on_gpu, gpus = _platform()
+    nproc = _ranks_per_node(args, on_gpu, gpus)
     started = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
-    outcomes = []
-    for stage in args.stages:
-        cid, code, title, runner = RUNNERS[stage]
-        s0 = time.monotonic()
-        try:
-            result = runner(args, on_gpu, nproc)
-        except Exception as exc:  # a stage that breaks is this stage's ERROR, the next one runs
-            result = error(f"{stage} stage crashed: {type(exc).__name__}: {exc}")
-        result.details.update(nnodes=args.nnodes, node_rank=args.node_rank,
-                              rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                              group=args.group, nproc_per_node=nproc)
-        if args.rail:
-            result.details["rail"] = Rail(args.rail, args.hca, args.ifname,
-                                          args.rail_gpu if on_gpu else None).to_dict()
-        if result.status in (Status.FAIL, Status.WARN):
-            result.fault_code = code
-        elif result.status is Status.ERROR:
-            result.fault_code = f"{code}-E"
-        outcomes.append(CheckOutcome(cid, code, title, "standard", ("crosshost",), [result],
-                                     time.monotonic() - s0))
+    outcomes = [_run_stage(stage, args, on_gpu, nproc) for stage in args.stages]
     doc = report.build(outcomes, meta={
         "host": args.host or socket.gethostname(), "run_id": args.rdzv_id, "started_at": started,
         "duration_s": time.monotonic() - t0, "level": "standard", "backend": "linux",
