@@ -22,7 +22,7 @@ from checks import report_schema as report
 from checks.hw.base import Backend, HardwareError
 from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
 from checks.model import CheckOutcome
-from checks.node import budget, registry, runner
+from checks.node import budget, expectations, registry, runner
 from checks.node.context import Context, Options
 from checks.render import html, junit, prometheus, terminal
 
@@ -179,6 +179,20 @@ def _gpu_count(hw: Backend) -> int:
         return 0
 
 
+def _first(option: Any, provisioned: Any) -> Any:
+    return option if option is not None else provisioned
+
+
+def _provisioned(args: argparse.Namespace) -> expectations.Expectations:
+    """What provisioning installed (checks/node/expectations.py); a scenario is not this node."""
+    if args.simulate:
+        return expectations.Expectations()
+    try:
+        return expectations.load()
+    except expectations.ExpectationsError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     args.level = args.level or ("burn-in" if args.budget else "standard")
     try:
@@ -215,8 +229,10 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         budget.apply_overrides(profile.data, plan.profile_overrides)
         if not args.quiet:
             err.print(plan.summary(), highlight=False, markup=False, soft_wrap=True)
-    options = Options(level=args.level, expect_gpus=args.expect_gpus,
-                      expect_driver=args.expect_driver, expect_cuda=args.expect_cuda,
+    provisioned = _provisioned(args)
+    options = Options(level=args.level, expect_gpus=_first(args.expect_gpus, provisioned.gpus),
+                      expect_driver=_first(args.expect_driver, provisioned.driver),
+                      expect_cuda=_first(args.expect_cuda, provisioned.cuda),
                       expect_nvlink=args.expect_nvlink,
                       duration_s=args.duration, nproc=args.nproc,
                       extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
@@ -244,6 +260,8 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         "options": {k: v for k, v in vars(options).items() if v not in (None, {}, [])},
         "system": system_facts(hw), "environment": report.recorded_environment(dict(hw.environ())),
     }
+    if provisioned.source:
+        meta["options"]["expectations_file"] = provisioned.source
     if plan is not None:
         meta["options"]["budget"] = plan.to_dict()
     doc = report.build(outcomes, meta=meta)
