@@ -5,9 +5,11 @@ PY        := $(VENV)/bin/python
 INVENTORY ?=
 LEVEL     ?= standard
 ARGS      ?=
-# `make test` here pins the CPU build of torch that installs from local disk; a GPU host passes
+# `make test` pins the torch the nodes get (the pytorch role's pytorch_torch_version, written
+# once there); here its CPU build installs from local disk. A GPU host passes
 # VENV=/opt/nodecert/venv (made by the pytorch role) and nothing is installed into it.
-TORCH_PIN ?= torch==2.13.0
+TORCH_VERSION := $(shell sed -n 's/^pytorch_torch_version: *"\(.*\)"/\1/p' playbooks/roles/pytorch/defaults/main.yml)
+TORCH_PIN ?= torch==$(TORCH_VERSION)
 
 ifeq ($(VENV),.venv)
 RUN_DEPS := $(VENV)/.stamp-run
