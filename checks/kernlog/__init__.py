@@ -108,3 +108,30 @@ def sxid_policy() -> SxidPolicy:
         rows[row.sxid] = row
     return SxidPolicy(rows=rows, rule={str(k): str(v) for k, v in data["rule"].items()},
                       sources=sources)
+
+
+@dataclass(frozen=True)
+class AerPolicy:
+    words: dict[str, str]  # every severity word the kernel prints -> kind
+    uncorrected: dict[str, str]  # role -> verdict
+    severities: list[dict[str, str]]
+    sources: dict[str, str]
+
+
+@functools.cache
+def aer_policy() -> AerPolicy:
+    data = _load("aer.yaml")
+    words: dict[str, str] = {}
+    for row in data["severities"]:
+        for key in ("before_6_8", "since_6_8"):
+            words[str(row[key])] = str(row["kind"])
+    if set(words.values()) != {"corrected", "nonfatal", "fatal"}:
+        raise ValueError("checks/kernlog/aer.yaml: severities must name corrected, nonfatal, fatal")
+    uncorrected = {str(k): str(v) for k, v in data["uncorrected"].items()}
+    if set(uncorrected) != {"gpu", "nvswitch", "upstream", "other"} or not set(
+            uncorrected.values()) <= {"FAIL", "WARN"}:
+        raise ValueError("checks/kernlog/aer.yaml: uncorrected needs FAIL/WARN for gpu, nvswitch, "
+                         "upstream, other")
+    return AerPolicy(words=words, uncorrected=uncorrected,
+                     severities=[{str(k): str(v) for k, v in r.items()} for r in data["severities"]],
+                     sources={str(k): str(v) for k, v in data["sources"].items()})

@@ -59,7 +59,9 @@ def scan_xids(lines: list[str]) -> dict[tuple[str, int], _Seen]:
         match = XID_RE.search(line)
         fell = None if match else FELL_OFF_RE.search(line)
         if fell:
-            _count_loss(seen, fell["addr"], line.strip(), "GPU lost (no Xid line)")
+            # Older drivers print it right after their Xid 79 line: one loss, not two.
+            if (fell["addr"].lower().rsplit(".", 1)[0], XID_FELL_OFF) not in seen:
+                _count_loss(seen, fell["addr"], line.strip(), "GPU lost (no Xid line)")
             continue
         if not match:
             lost = PROBE_LOST_RE.search(line)

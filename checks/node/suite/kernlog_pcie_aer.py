@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.hw.base import PciDevice
+from checks.kernlog import aer_policy
 from checks.model import Device, Result, fail, passed, skip, warn
 from checks.node.context import Context
 from checks.node.registry import check
@@ -28,9 +29,9 @@ from checks.node.suite.kernel_errors import (
 # --- pcie-aer -------------------------------------------------------------------------------
 
 # Kernels before 6.8 print "Corrected", "Uncorrected (Non-Fatal)", "Uncorrected (Fatal)"; 6.8 took
-# the spec's terms: "Correctable", "Uncorrectable (Non-Fatal)", "Uncorrectable (Fatal)" (linux-pci,
-# "PCI/AER: Use 'Correctable' and 'Uncorrectable' spec terms for errors"). Both are read.
-_SEVERITY = r"Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-Fatal|Fatal)\)"
+# the spec's terms: "Correctable", "Uncorrectable (Non-Fatal)", "Uncorrectable (Fatal)". Both are
+# read; the words and what each kind means per device are data (checks/kernlog/aer.yaml).
+_SEVERITY = "|".join(re.escape(word) for word in sorted(aer_policy().words, key=len, reverse=True))
 # Root port: "pcieport 0000:00:01.0: AER: Corrected error received: 0000:3b:00.0",
 # "... AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0", older kernels
 # "... AER: Corrected error received: id=0010", newer "... Correctable error message received
@@ -63,8 +64,7 @@ BELOW_PORT_RE = re.compile(rf"(?P<dev>{BDF}): (?:AER: )?(?:can't recover|device 
 
 
 def _kind(severity: str) -> str:
-    return "corrected" if severity.startswith("Correct") else (
-        "fatal" if "(Fatal)" in severity else "nonfatal")
+    return aer_policy().words[severity]
 
 
 def _requester(port: str, requester_id: str) -> str:
@@ -196,7 +196,7 @@ def pcie_aer(ctx: Context) -> Iterator[Result]:
                   else Device(pci=concerned.address if concerned else address,
                               name=None if concerned else entry.driver or None))
         counted = ", ".join(f"{v} {k}" for k, v in counts.items() if k != "narrow")
-        if uncorrected and role != "other":
+        if uncorrected and aer_policy().uncorrected[role] == "FAIL":
             problems += 1
             yield fail(f"uncorrected PCIe error(s) on {what}: {counted}", value=uncorrected,
                        device=device, details=details, expected="no uncorrected AER error",
