@@ -76,3 +76,15 @@ def test_the_corpus_covers_every_aer_wording_and_each_generation() -> None:
                     "error message received from"):
         assert wording in text, wording
     assert {e["generation"] for e in ENTRIES} == set(docgen.GENERATIONS)
+
+
+@pytest.mark.parametrize("scenario,check,device", [
+    ("kernlog-nvswitch-sxid-12028-data-only", "nvswitch-sxid", "0000:84:00.0"),
+    ("kernlog-gpu-lost-single-line", "xid-events", "0000:09:00.0")])
+def test_shipped_kernel_log_scenarios_fail_through_the_cli(run_cli, scenario: str, check: str,
+                                                           device: str) -> None:
+    code, report, err = run_cli("--simulate", scenario, "--only", "pci-gpus", "--only", check)
+    assert report is not None, err
+    (chk,) = [c for c in report["checks"] if c["id"] == check]
+    assert code == 1 and chk["status"] == "FAIL"
+    assert [r["device"]["pci"] for r in chk["results"] if r["status"] == "FAIL"] == [device]
