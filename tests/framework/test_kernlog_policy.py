@@ -136,3 +136,9 @@ def test_the_drivers_own_reset_request_fails_a_warn_xid(run_cli, tmp_path: Path)
     line = XID_94_CONTAINED.replace("RST: No, D-RST: No", "RST: Yes, D-RST: No")
     (result,) = _xid_results(run_cli, tmp_path, [line]).values()
     assert result["status"] == "FAIL" and result["details"]["reset_request"] == "RST: Yes"
+
+
+def test_an_unknown_xid_with_the_drivers_reset_request_fails(run_cli, tmp_path: Path) -> None:
+    line = XID_95_UNCONTAINED.replace("): 95,", "): 999,")
+    (result,) = _xid_results(run_cli, tmp_path, [line]).values()
+    assert result["status"] == "FAIL" and "RST: Yes" in result["message"]

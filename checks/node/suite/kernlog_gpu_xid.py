@@ -180,9 +180,9 @@ def xid_events(ctx: Context) -> Iterator[Result]:
                            remedy="watch the link; reset the GPU if NVLink traffic stalls, and "
                                   "look for a fatal XID or SXid on the same link")
         elif verdict == "FAIL" or entry.reset_request:
-            assert row is not None  # unknown XIDs warn
             why = (f"the driver asks for a reset: {entry.reset_request}" if verdict != "FAIL"
-                   else f"catalog action {row.action}" if row.action else "reset needed")
+                   else f"catalog action {row.action}" if row is not None and row.action
+                   else "reset needed")
             details["reset_request"] = entry.reset_request or None
             remedy = REMEDY_FELL_OFF if xid == XID_FELL_OFF else REMEDY_HW
             yield fail(f"XID {xid} ({label}{why}) {times} on {where}", value=xid, device=device,
