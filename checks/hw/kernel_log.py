@@ -31,8 +31,6 @@ JOURNALCTL_ARGS = ("-k", "-b", "--no-pager", "-o", "short-monotonic")
 DMESG_ARGS = ("--kernel",)
 # journalctl's own notes ("-- No entries --", "-- Logs begin at ... --", "-- Boot ... --").
 _JOURNAL_NOTE = re.compile(r"^-- .* --$")
-# A /dev/kmsg record: "prio,seq,usec,flags[,more];message", continuation lines start with " ".
-_KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 KMSG_READ_SIZE = 8192  # one record per read() on the device; larger than any record
 KMSG_MAX_BYTES = 64 << 20  # stop even if something keeps writing
@@ -174,23 +172,59 @@ def _kmsg(path: Path) -> _Attempt:
     return _Attempt(lines, "")
 
 
-def _unescape(match: re.Match[str]) -> str:
-    """kmsg writes bytes outside printable ASCII as \\xNN; keep control characters escaped."""
-    code = int(match[1], 16)
-    return chr(code) if 0x20 <= code < 0x7F else match[0]
+def _decode(message: str) -> list[str]:
+    """The text of one record as the kernel meant it: \\xNN escapes (the kernel escapes every
+    byte below 0x20, 0x7f and above, and the backslash) back to bytes, UTF-8 decoded; an escaped
+    newline splits the record into lines (the driver logs some messages as one multi-line
+    record); other control characters stay escaped so they cannot forge a line."""
+    out = bytearray()
+    pos = 0
+    for match in _KMSG_ESCAPE.finditer(message):
+        out += message[pos:match.start()].encode("utf-8", errors="replace")
+        code = int(match[1], 16)
+        out += (bytes([code]) if code == 0x0A or code == 0x09 or 0x20 <= code != 0x7F
+                else match[0].encode())
+        pos = match.end()
+    out += message[pos:].encode("utf-8", errors="replace")
+    lines = out.decode("utf-8", errors="replace").split("\n")
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _kmsg_header(head: str) -> tuple[int, int, str] | None:
+    """(priority, microseconds, flags) of "prio,seq,usec,flags[,more]", None if it is not one."""
+    fields = head.split(",", 4)
+    if len(fields) < 4 or not all(f.isascii() and f.isdigit() and len(f) <= 20
+                                  for f in fields[:3]):
+        return None
+    return int(fields[0]), int(fields[2]), fields[3]
 
 
 def parse_kmsg(text: str) -> list[str]:
     """/dev/kmsg records as dmesg prints them ("[ seconds.micro] message"), kernel facility
-    only (like `dmesg --kernel`); dictionary lines (leading space) and junk are skipped."""
-    lines = []
+    only (like `dmesg --kernel`). A record is "prio,seq,usec,flags;text" (the kernel's
+    Documentation/ABI/testing/dev-kmsg); lines starting with a space are its dictionary
+    (SUBSYSTEM=, DEVICE=), not messages; a multi-line record gives one line per line of text,
+    each with the record's time; a "+" record (continuation fragment, older kernels) is appended
+    to the line it continues. Anything else is skipped."""
+    lines: list[str] = []
+    continuing = False
     for raw in text.splitlines():
-        match = _KMSG_RECORD.match(raw)
-        if not match:
+        if raw.startswith(" "):
             continue
-        prio, _seq, usec, message = int(match[1]), match[2], int(match[3]), match[4]
+        head, found, message = raw.partition(";")
+        header = _kmsg_header(head) if found else None
+        if header is None:
+            continue
+        prio, usec, flags = header
         if prio >> 3 != 0:  # facility: 0 is the kernel; user-space writes to /dev/kmsg are not
+            continuing = False
             continue
-        message = _KMSG_ESCAPE.sub(_unescape, message)
-        lines.append(f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {message}")
+        parts = _decode(message)
+        if flags.startswith("+") and continuing and lines:
+            lines[-1] += parts.pop(0)
+        stamp = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}]"
+        lines.extend(f"{stamp} {part}" for part in parts)
+        continuing = flags.startswith(("c", "+"))
     return lines

@@ -17,7 +17,9 @@ from checks.hw.fixture import FixtureBackend, load_scenario
 from checks.hw.linux import LinuxBackend
 from checks.node import registry, runner
 from checks.node.context import Context, Options
-from checks.node.suite import kernel_errors as scan
+from checks.node.suite import kernel_errors as shared
+from checks.node.suite import kernlog_gpu_xid as xids
+from checks.node.suite import kernlog_pcie_aer as aers
 
 # --- reading: the fallback chain --------------------------------------------------------------
 
@@ -239,13 +241,17 @@ def test_xid_classes(run_cli, tmp_path: Path) -> None:
     report = _run(run_cli, scenario, "--only", "gpu-count")
     results = {r["details"]["xid"]: r for r in _check(report, "xid-events")["results"]}
     assert {x: r["status"] for x, r in results.items()} == {
-        79: "FAIL", 94: "FAIL", 109: "WARN", 145: "WARN", 149: "FAIL", 62: "FAIL"}
+        79: "FAIL", 94: "WARN", 109: "FAIL", 145: "WARN", 149: "FAIL", 62: "FAIL"}
     assert results[79]["device"]["pci"] == "0000:02:00.0"
     assert "reboot" in results[79]["remedy"] and "cannot reach" in results[79]["remedy"]
     assert results[94]["device"]["pci"] == "0000:01:00.0"  # MIG "GPU-I:05" suffix parsed
-    assert "software/application" in results[109]["message"]
-    assert results[145]["message"] == "XID 145 (NVLink5, non-fatal) x1 on 0018:01:00.0"
-    assert results[149]["message"] == "XID 149 (NVLink5, fatal) x1 on 0019:01:00.0"
+    # the catalog: 94 (contained, "RST: No") restarts the application, 109 resets the GPU
+    assert "RESTART_APP" in results[94]["message"]
+    assert "RESET_GPU" in results[109]["message"]
+    assert results[145]["message"] == ("XID 145 (NVLINK_RLW_ERROR, NVLink5, non-fatal) x1 on "
+                                       "0018:01:00.0")
+    assert results[149]["message"] == ("XID 149 (NVLINK_NETIR_ERROR, NVLink5, fatal) x1 on "
+                                       "0019:01:00.0")
     assert results[62]["details"]["last"] == XID_LINES["prefixed"]
     # gpu-count read NVML this run, so the result carries the GPU's index and serial for an RMA
     assert (results[62]["device"]["index"], results[62]["device"]["serial"]) == (2, "1650123000002")
@@ -313,29 +319,29 @@ def test_an_xid_on_an_address_not_on_the_bus_is_still_reported(run_cli, tmp_path
 
 
 def test_unclassified_xid_warns(tmp_path: Path) -> None:
-    """With XID 32 taken out of the profile's software list, the real line is 'unclassified'."""
-    # Bumblebee-Project/Bumblebee#677
-    line = "[24128.828315] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000000 intr 00004000"
+    """An XID beyond the shipped catalog (a newer driver) warns as unclassified; the line is
+    Bumblebee-Project/Bumblebee#677's with the number changed."""
+    line = "[24128.828315] NVRM: Xid (PCI:0000:01:00): 999, Channel ID 00000000 intr 00004000"
     hw = FixtureBackend(load_scenario(_scenario(tmp_path, [line])))
     profile = profiles.load("generic")
-    profile.data["xid"]["software"] = [x for x in profile.data["xid"]["software"] if x != 32]
     (outcome,) = runner.run(registry.select("quick", ["xid-events"]), Context(hw, profile, Options()))
     (result,) = outcome.results
-    assert (result.status, result.message) == ("WARN", "XID 32 (unclassified) x1 on 0000:01:00")
+    assert result.status == "WARN"
+    assert result.message.startswith("XID 999 (XID 999 is not in NVIDIA's catalog as shipped")
 
 
 def test_xid_addresses_without_a_domain() -> None:
     """Lines without the domain map to the GPU only when one GPU has that bus:device."""
-    seen = scan.scan_xids(["NVRM: Xid (0000:03:00): 13, Channel 00000001",  # old driver format
+    seen = xids.scan_xids(["NVRM: Xid (0000:03:00): 13, Channel 00000001",  # old driver format
                            "NVRM: Xid (PCI:01:00): 79, GPU has fallen off the bus."])
     assert set(seen) == {("0000:03:00", 13), ("01:00", 79)}
     from checks.hw.base import PciDevice
 
     one = [PciDevice("0008:01:00.0", 0x10DE, 0x2941, 0x030200)]
     two = [*one, PciDevice("0009:01:00.0", 0x10DE, 0x2941, 0x030200)]  # GB200: one bus per domain
-    assert scan._find("01:00", one) == one[0]
-    assert scan._find("01:00", two) is None  # ambiguous: left as logged, never guessed
-    assert scan._find("0009:01:00", two) == two[1]
+    assert shared.find("01:00", one) == one[0]
+    assert shared.find("01:00", two) is None  # ambiguous: left as logged, never guessed
+    assert shared.find("0009:01:00", two) == two[1]
 
 
 def test_the_log_is_read_once_per_run(tmp_path: Path) -> None:
@@ -380,15 +386,27 @@ SXID_FATAL = ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 44 
               "timeout error (First)")
 
 
-def test_nonfatal_sxids_warn_past_the_threshold(run_cli, tmp_path: Path) -> None:
+def test_sxid_the_guide_says_to_ignore_passes(run_cli, tmp_path: Path) -> None:
+    """22013 (Minion Link DLREQ interrupt): the Fabric Manager user guide says it can be safely
+    ignored, so canonical/tdx#414's lines are reported, not a finding."""
     scenario = _scenario(tmp_path, SXID_NONFATAL, nvswitches=["0000:04:00.0", "0000:05:00.0"])
     (result,) = _check(_run(run_cli, scenario), "nvswitch-sxid")["results"]
-    assert result["status"] == "WARN"
-    assert result["message"] == ("non-fatal SXid 22013 x2 on NVSwitch 0000:04:00.0 "
-                                 "(Link 45 Minion Link DLREQ interrupt)")
+    assert result["status"] == "PASS"
+    assert "safely ignored" in result["message"]
     assert result["device"] == {"index": None, "pci": "0000:04:00.0", "uuid": None,
                                 "name": "nvidia-nvswitch3", "serial": None}
     assert result["details"]["nonfatal"] == 2 and result["details"]["fatal"] == 0
+
+
+def test_nonfatal_sxids_warn_past_the_threshold(run_cli, tmp_path: Path) -> None:
+    """canonical/tdx#414's line shape with the code of a Non-fatal SXid the guide does not say
+    to ignore (20001, TX replay)."""
+    lines = [line.replace("22013", "20001") for line in SXID_NONFATAL]
+    scenario = _scenario(tmp_path, lines, nvswitches=["0000:04:00.0", "0000:05:00.0"])
+    (result,) = _check(_run(run_cli, scenario), "nvswitch-sxid")["results"]
+    assert result["status"] == "WARN"
+    assert result["message"] == ("non-fatal SXid 20001 TX Replay Error x2 on NVSwitch 0000:04:00.0 "
+                                 "(Link 45 Minion Link DLREQ interrupt)")
 
 
 def test_fatal_sxid_fails_naming_the_nvswitch(run_cli, tmp_path: Path) -> None:
@@ -403,7 +421,7 @@ def test_fatal_sxid_fails_naming_the_nvswitch(run_cli, tmp_path: Path) -> None:
 def test_fatal_code_with_only_its_detail_lines_still_fails(run_cli, tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, SXID_24007_DETAIL, nvswitches=["0000:aa:00.0"])
     (result,) = _check(_run(run_cli, scenario), "nvswitch-sxid")["results"]
-    assert result["status"] == "FAIL" and "(sxid.fatal)" in result["message"]
+    assert result["status"] == "FAIL" and "no severity printed" in result["message"]
     assert result["device"]["pci"] == "0000:aa:00.0"
 
 
@@ -515,7 +533,7 @@ def test_corrected_aer_on_a_vmd_domain_and_newer_kernel_wording(run_cli, tmp_pat
     (result,) = _check(_run(run_cli, _scenario(tmp_path, lines)), "pcie-aer")["results"]
     assert result["status"] == "WARN"
     assert result["message"] == "81 corrected PCIe errors on nvme 10000:e1:00.0"
-    aer = scan.scan_aer(lines)
+    aer = aers.scan_aer(lines)
     assert aer.devices["0000:00:03.1"].counts["corrected"] == 1
     assert aer.below == {"10000:e1:00.0": "10000:e0:06.0", "0000:00:00.0": "0000:00:03.1"}
 
@@ -534,7 +552,7 @@ def test_a_narrow_link_reported_by_the_kernel_warns(run_cli, tmp_path: Path) -> 
 def test_a_gpu_link_slow_only_at_idle_is_not_a_finding() -> None:
     line = ("nvidia 0000:18:00.0: 4.000 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe "
             "x16 link at 0000:17:01.0 (capable of 504.112 Gb/s with 32.0 GT/s PCIe x16 link)")
-    entry = scan.scan_aer([line]).devices["0000:18:00.0"]
+    entry = aers.scan_aer([line]).devices["0000:18:00.0"]
     assert entry.link and entry.counts.get("narrow") == 0
 
 
@@ -550,5 +568,5 @@ def test_aer_pass_needs_the_kernel_to_own_aer(run_cli, tmp_path: Path) -> None:
 
 
 def test_requester_ids_decode_to_addresses() -> None:
-    assert scan._requester("0000:00:02.0", "0010") == "0000:00:02.0"
-    assert scan._requester("10000:e0:06.0", "e100") == "10000:e1:00.0"
+    assert aers._requester("0000:00:02.0", "0010") == "0000:00:02.0"
+    assert aers._requester("10000:e0:06.0", "e100") == "10000:e1:00.0"

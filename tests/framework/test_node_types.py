@@ -39,9 +39,11 @@ CASES = [
     Case("node-h100-nvl-pair"),
     Case("node-h200-nvl"),
     # Faulty variants.
+    # XID 94 is a contained error (catalog: RESTART_APP): it warns; the ECC and remap checks fail.
     Case("node-vm-h100-1gpu-ecc",
-         {"ecc-errors": "FAIL", "row-remap": "FAIL", "xid-events": "FAIL"},
-         {c: {"0000:00:04.0": "FAIL"} for c in ("ecc-errors", "row-remap", "xid-events")}),
+         {"ecc-errors": "FAIL", "row-remap": "FAIL", "xid-events": "WARN"},
+         {**{c: {"0000:00:04.0": "FAIL"} for c in ("ecc-errors", "row-remap")},
+          "xid-events": {"0000:00:04.0": "WARN"}}),
     Case("node-h100-nvl-pair-link-down", {"nvlink": "FAIL"},
          {"nvlink": {"0000:33:00.0": "FAIL", "0000:8b:00.0": "FAIL"}}),
     Case("node-container-2of8",

@@ -9,7 +9,7 @@ from checks import profiles
 REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_min",
             "driver.min_branch", "ecc.volatile_uncorrected_max", "ecc.volatile_corrected_warn",
             "ecc.aggregate_corrected_warn", "retired_pages.max", "row_remap.uncorrectable_warn",
-            "xid.hardware", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
+            "sxid.nonfatal_warn", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
             "power.min_limit_fraction", "nvlink.error_warn", "straggler_pct"]
 MODELS = ["h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "a100-40gb", "a100-80gb",
           "a100-pcie-40gb", "a100-pcie-80gb", "l40s", "l4", "a10", "v100-sxm2"]

@@ -1,0 +1,137 @@
+"""The kernel-log policy as data: what each XID, SXid and PCIe AER severity means for the node.
+
+The tables (xid.yaml, sxid.yaml, aer.yaml) cite their sources per row; this module loads and
+validates them once. The checks in checks/node/suite/kernlog_*.py read them through here, the
+docs' tables are generated from them (checks/docgen/kernlog.py), and a test walks every row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+XID_VERDICTS = ("FAIL", "WARN", "BY_SEVERITY", "RECOVERY_ACTION")
+SXID_VERDICTS = ("FAIL", "PRINTED", "IGNORE")
+
+
+@dataclass(frozen=True)
+class XidRow:
+    xid: int
+    name: str
+    description: str
+    action: str  # the catalog's immediate action ("" where the catalog gives none)
+    verdict: str
+    source: str
+    reason: str = ""
+    peers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    rows: dict[int, XidRow]
+    rule: dict[str, str]
+    driver_reset_request: tuple[str, ...]
+    sources: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SxidRow:
+    sxid: int
+    name: str
+    section: str
+    verdict: str
+    source: str
+    reason: str = ""
+    nvsentinel: str = ""
+
+
+@dataclass(frozen=True)
+class SxidPolicy:
+    rows: dict[int, SxidRow]
+    rule: dict[str, str]
+    sources: dict[str, str]
+
+
+def _load(name: str) -> dict[str, Any]:
+    text = resources.files("checks").joinpath("kernlog", name).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"checks/kernlog/{name}: not a mapping")
+    return data
+
+
+def _check_source(table: str, key: Any, source: str, sources: dict[str, str]) -> None:
+    if source not in sources:
+        raise ValueError(f"checks/kernlog/{table}: row {key} cites unknown source {source!r}")
+
+
+@functools.cache
+def xid_policy() -> XidPolicy:
+    data = _load("xid.yaml")
+    sources = {str(k): str(v) for k, v in data["sources"].items()}
+    rows: dict[int, XidRow] = {}
+    for raw in data["xids"]:
+        row = XidRow(xid=int(raw["xid"]), name=str(raw["name"]),
+                     description=str(raw.get("description", "")), action=str(raw.get("action", "")),
+                     verdict=str(raw["verdict"]), source=str(raw["source"]),
+                     reason=str(raw.get("reason", "")),
+                     peers={str(k): str(v) for k, v in (raw.get("peers") or {}).items()})
+        if row.verdict not in XID_VERDICTS:
+            raise ValueError(f"checks/kernlog/xid.yaml: XID {row.xid} verdict {row.verdict!r}")
+        if row.xid in rows:
+            raise ValueError(f"checks/kernlog/xid.yaml: XID {row.xid} listed twice")
+        _check_source("xid.yaml", row.xid, row.source, sources)
+        rows[row.xid] = row
+    return XidPolicy(rows=rows, rule={str(k): str(v) for k, v in data["rule"].items()},
+                     driver_reset_request=tuple(str(x) for x in data["driver_reset_request"]),
+                     sources=sources)
+
+
+@functools.cache
+def sxid_policy() -> SxidPolicy:
+    data = _load("sxid.yaml")
+    sources = {str(k): str(v) for k, v in data["sources"].items()}
+    rows: dict[int, SxidRow] = {}
+    for raw in data["sxids"]:
+        row = SxidRow(sxid=int(raw["sxid"]), name=str(raw["name"]), section=str(raw["section"]),
+                      verdict=str(raw["verdict"]), source=str(raw["source"]),
+                      reason=str(raw.get("reason", "")), nvsentinel=str(raw.get("nvsentinel", "")))
+        if row.verdict not in SXID_VERDICTS:
+            raise ValueError(f"checks/kernlog/sxid.yaml: SXid {row.sxid} verdict {row.verdict!r}")
+        if row.sxid in rows:
+            raise ValueError(f"checks/kernlog/sxid.yaml: SXid {row.sxid} listed twice")
+        _check_source("sxid.yaml", row.sxid, row.source, sources)
+        rows[row.sxid] = row
+    return SxidPolicy(rows=rows, rule={str(k): str(v) for k, v in data["rule"].items()},
+                      sources=sources)
+
+
+@dataclass(frozen=True)
+class AerPolicy:
+    words: dict[str, str]  # every severity word the kernel prints -> kind
+    uncorrected: dict[str, str]  # role -> verdict
+    severities: list[dict[str, str]]
+    sources: dict[str, str]
+
+
+@functools.cache
+def aer_policy() -> AerPolicy:
+    data = _load("aer.yaml")
+    words: dict[str, str] = {}
+    for row in data["severities"]:
+        for key in ("before_6_8", "since_6_8"):
+            words[str(row[key])] = str(row["kind"])
+    if set(words.values()) != {"corrected", "nonfatal", "fatal"}:
+        raise ValueError("checks/kernlog/aer.yaml: severities must name corrected, nonfatal, fatal")
+    uncorrected = {str(k): str(v) for k, v in data["uncorrected"].items()}
+    if set(uncorrected) != {"gpu", "nvswitch", "upstream", "other"} or not set(
+            uncorrected.values()) <= {"FAIL", "WARN"}:
+        raise ValueError("checks/kernlog/aer.yaml: uncorrected needs FAIL/WARN for gpu, nvswitch, "
+                         "upstream, other")
+    return AerPolicy(words=words, uncorrected=uncorrected,
+                     severities=[{str(k): str(v) for k, v in r.items()} for r in data["severities"]],
+                     sources={str(k): str(v) for k, v in data["sources"].items()})

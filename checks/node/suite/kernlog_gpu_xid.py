@@ -1,0 +1,196 @@
+"""xid-events (GPU005): NVRM Xid lines in this boot's kernel log, judged by checks/kernlog/xid.yaml
+(NVIDIA's XID catalog, one row per XID with its source). Line formats and the public reports
+they come from: docs/kernel-log.md."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.kernlog import xid_policy
+from checks.model import Device, Result, fail, passed, warn
+from checks.node.context import Context
+from checks.node.registry import check
+from checks.node.suite.kernel_errors import BDF, HEX, NEEDS, bounded, find, gpu_device, kernel_log, log_source
+
+# --- xid-events -----------------------------------------------------------------------------
+
+XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<addr>(?:{HEX}{{4,5}}:)?{HEX}{{2}}:{HEX}{{2}})"
+                    rf"(?:\.[0-7])?(?: [^)]{{0,64}})?\): (?P<xid>\d{{1,4}})\b(?:, ?(?P<text>.*))?")
+# Probe-time loss, logged without an Xid line (NVIDIA/NVSentinel#155):
+#   NVRM: The NVIDIA GPU 0000:b3:00.0 / NVRM: (PCI ID: 10de:26b5) installed in this system has /
+#   NVRM: fallen off the bus and is not responding to commands.
+PROBE_LOST_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<addr>{BDF})")
+# The lost-GPU path of newer drivers logs one line and no Xid: "NVRM: GPU 0000:29:00.0: GPU has
+# fallen off the bus." (counted as XID 79, the code the driver uses for the same loss).
+FELL_OFF_RE = re.compile(rf"NVRM: GPU (?:PCI:)?(?P<addr>{BDF}): GPU has fallen off the bus")
+RECOVERY_RE = re.compile(r"recovery action changed from 0x(?P<old>[0-9a-fA-F]{1,8}) "
+                         r"\((?P<old_name>[^)]{0,64})\) to 0x(?P<new>[0-9a-fA-F]{1,8}) "
+                         r"\((?P<new_name>[^)]{0,64})\)")
+NVLINK5_SEVERITY_RE = re.compile(r"\b(non-?fatal|fatal)\b", re.IGNORECASE)
+XID_FELL_OFF = 79
+
+
+@dataclass
+class _Seen:
+    count: int = 0
+    last: str = ""
+    fatal: int = 0
+    nonfatal: int = 0
+    action: tuple[str, str] | None = None  # (hex code, name) of the latest XID 154 action
+    reset_request: str = ""  # the driver's own "RST: Yes" / "D-RST: Yes" in a line, if any
+    notes: set[str] = field(default_factory=set)
+
+
+def _count_loss(seen: dict[tuple[str, int], _Seen], address: str, line: str, note: str) -> None:
+    entry = seen.setdefault((address.lower().rsplit(".", 1)[0], XID_FELL_OFF), _Seen())
+    entry.count += 1
+    entry.last = line
+    entry.notes.add(note)
+
+
+def scan_xids(lines: list[str]) -> dict[tuple[str, int], _Seen]:
+    """(logged GPU address, XID) -> what was seen. Addresses are as logged: dddd:bb:dd or bb:dd."""
+    seen: dict[tuple[str, int], _Seen] = {}
+    probe, probe_left = "", 0  # a probe-time "The NVIDIA GPU <addr>" waiting for its last line
+    for line in bounded(lines):
+        match = XID_RE.search(line)
+        fell = None if match else FELL_OFF_RE.search(line)
+        if fell:
+            # Older drivers print it right after their Xid 79 line: one loss, not two.
+            if (fell["addr"].lower().rsplit(".", 1)[0], XID_FELL_OFF) not in seen:
+                _count_loss(seen, fell["addr"], line.strip(), "GPU lost (no Xid line)")
+            continue
+        if not match:
+            lost = PROBE_LOST_RE.search(line)
+            if lost:
+                probe, probe_left = lost["addr"], 3
+                line = line[lost.end():]  # the rest: the whole record can be on one line
+            if probe and "fallen off the bus" in line:
+                _count_loss(seen, probe, f"NVRM: The NVIDIA GPU {probe} ... {line.strip()}",
+                            "lost at driver probe (no Xid line)")
+                probe = ""
+            elif probe and not lost:
+                probe_left -= 1
+                probe = probe if probe_left > 0 else ""
+            continue
+        key = (match["addr"].lower(), int(match["xid"]))
+        entry = seen.setdefault(key, _Seen())
+        entry.count += 1
+        entry.last = line.strip()
+        text = match["text"] or ""
+        action = RECOVERY_RE.search(text)
+        if action:
+            entry.action = (action["new"], action["new_name"].strip())
+        for token in xid_policy().driver_reset_request:
+            if token in text:
+                entry.reset_request = token
+        severity = NVLINK5_SEVERITY_RE.search(text.split("(", 1)[0])
+        if severity:
+            if severity[1].lower().startswith("non"):
+                entry.nonfatal += 1
+            else:
+                entry.fatal += 1
+    return seen
+
+
+def _action_remedy(name: str) -> str:
+    low = name.lower()
+    if "reboot" in low:
+        return "drain the node and reboot it (the driver asks for a node reboot), then re-verify"
+    if "drain" in low and "reset" in low:
+        return ("drain the node: stop the jobs using this GPU (P2P included), reset the GPU "
+                "(nvidia-smi -r -i N) and re-verify")
+    if "drain" in low:
+        return "stop jobs that use peer-to-peer access to this GPU, then re-verify"
+    if "reset" in low or "flr" in low:
+        return "drain the node, reset the GPU (nvidia-smi -r -i N) or reboot, re-verify"
+    return f"follow NVIDIA's recovery action '{name}' (XID catalogue), then re-verify"
+
+
+REMEDY_HW = ("drain the node; reset the GPU (nvidia-smi -r -i N) or reboot as NVIDIA's XID "
+             "catalogue directs, re-verify; if it recurs, RMA (quote the serial)")
+REMEDY_FELL_OFF = ("the GPU left the PCIe bus: drain and reboot the node (a GPU reset cannot reach "
+                   "it), check the pcie-aer result for this slot, reseat or RMA if it recurs")
+REMEDY_SW = ("usually a job fault (bad memory access, killed process); look at the job that ran "
+             "at that time")
+
+
+def _unclassified(xid: int) -> str:
+    return f"XID {xid} is not in NVIDIA's catalog as shipped (checks/kernlog/xid.yaml): a newer driver?"
+
+
+@check("xid-events", code="GPU005", title="no hardware XID events since boot", needs=NEEDS)
+def xid_events(ctx: Context) -> Iterator[Result]:
+    """Scans this boot's kernel log for NVRM Xid lines (4- or 5-hex-digit PCI domains, with or
+    without the domain, MIG suffixes) and names each GPU by its full PCI address. Each XID is
+    judged by NVIDIA's XID catalog (checks/kernlog/xid.yaml): an immediate action of GPU reset,
+    restart or hardware check fails, restart-the-application or ignore warns (and fails when the
+    line carries the driver's own 'RST: Yes'); NVLink5 XIDs fail when the line says Fatal; XID
+    154 reports the recovery action the driver asks for; unknown XIDs warn. ERROR when no log
+    source can be read."""
+    policy = xid_policy()
+    lines = kernel_log(ctx)
+    source = log_source(ctx, lines)
+    seen = scan_xids(lines)
+    if not seen:
+        yield passed(f"no XID events in the kernel log since boot ({source['source']})", value=0,
+                     details=source)
+        return
+    gpus = ctx.pci_gpus
+    for (logged, xid), entry in sorted(seen.items()):
+        bus_device = find(logged, gpus)
+        device = gpu_device(ctx, bus_device.address) if bus_device else Device(pci=logged)
+        where = device.pci
+        row = policy.rows.get(xid)
+        details: dict[str, Any] = {"xid": xid, "count": entry.count, "last": entry.last,
+                                   "logged_address": logged, **source}
+        if row is not None:
+            details["catalog"] = {"name": row.name, "action": row.action or None,
+                                  "verdict": row.verdict, "source": row.source}
+        if bus_device is None:
+            details["on_bus"] = False
+        if entry.notes:
+            details["notes"] = sorted(entry.notes)
+        times = f"x{entry.count}"
+        label = f"{row.name}, " if row is not None else ""
+        verdict = row.verdict if row is not None else "WARN"
+        if verdict == "RECOVERY_ACTION" and entry.action:
+            code, name = entry.action
+            details["recovery_action"] = {"code": f"0x{code}", "name": name}
+            if name.lower() == "none":
+                yield warn(f"XID {xid} on {where}: GPU recovery action back to None {times}",
+                           value=xid, device=device, details=details,
+                           remedy="no action needed now; look at the XIDs logged before it")
+            else:
+                yield fail(f"XID {xid} on {where}: the driver asks for '{name}' (0x{code}) "
+                           f"{times}", value=xid, device=device, details=details,
+                           expected="no recovery action pending", remedy=_action_remedy(name))
+        elif verdict == "BY_SEVERITY":
+            details.update(fatal=entry.fatal, nonfatal=entry.nonfatal)
+            kind = "fatal" if entry.fatal else "non-fatal" if entry.nonfatal else "severity not logged"
+            message = f"XID {xid} ({label}NVLink5, {kind}) {times} on {where}"
+            if entry.fatal:
+                yield fail(message, value=xid, device=device, details=details,
+                           expected="no fatal NVLink XID", remedy=REMEDY_HW)
+            else:
+                yield warn(message, value=xid, device=device, details=details,
+                           remedy="watch the link; reset the GPU if NVLink traffic stalls, and "
+                                  "look for a fatal XID or SXid on the same link")
+        elif verdict == "FAIL" or entry.reset_request:
+            why = (f"the driver asks for a reset: {entry.reset_request}" if verdict != "FAIL"
+                   else f"catalog action {row.action}" if row is not None and row.action
+                   else "reset needed")
+            details["reset_request"] = entry.reset_request or None
+            remedy = REMEDY_FELL_OFF if xid == XID_FELL_OFF else REMEDY_HW
+            yield fail(f"XID {xid} ({label}{why}) {times} on {where}", value=xid, device=device,
+                       details=details, expected="no XID whose action is a reset or restart",
+                       remedy=remedy)
+        else:
+            why = (f"catalog action {row.action or 'none'}" if row is not None
+                   else _unclassified(xid))
+            yield warn(f"XID {xid} ({label}{why}) {times} on {where}", value=xid, device=device,
+                       details=details, remedy=REMEDY_SW if row is not None else
+                       "look the XID up in NVIDIA's current XID catalog")
