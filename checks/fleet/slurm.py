@@ -508,8 +508,11 @@ def _report(args: argparse.Namespace) -> int:
     if item.report is None:
         raise InputError(f"{args.report}: {item.error}")
     host = item.report["host"]
-    node = node_name(args.node or node_name(str(host), f"{path}: host").split(".")[0])
+    node = node_name(args.node or node_name(str(host), f"{path}: host").split(".")[0], "--node")
     result = verdict(item.report)
+    if result.failed != (item.report["verdict"] == "FAIL"):
+        raise InputError(f"{path}: verdict {item.report['verdict']} contradicts its checks "
+                         f"({result.summary or 'none failed'})")
     act(decide(node, result, node_state(node), args.prefix), args.apply)
     return EXIT_FAIL if result.failed else 0
 
@@ -539,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not 0 <= args.max_drain_fraction <= 1:
                 raise InputError("--max-drain-fraction must be between 0 and 1")
             return _report(args)
-        args.node = node_name(args.node or local_node())
+        args.node = node_name(args.node or local_node(), "--node (or $SLURMD_NODENAME)")
         if args.command == "prolog":
             return prolog_run(args)
         if not args.timeout > 0:
