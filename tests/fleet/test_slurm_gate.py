@@ -191,8 +191,9 @@ def test_a_stopped_check_is_killed_and_the_node_drained_by_its_watchdog(
     scenario = _scenario(tmp_path, "h100-sxm-8x-healthy")
     assert _health_check_here(cluster, node, state, str(scenario)) == 0  # a PASS is kept
     assert not slurm.last_verdict(state).failed
-    assert _scripts(cluster, node, state, "--timeout", "10", "--", "--simulate",
-                    str(scenario)).returncode == 0
+    textfiles = tmp_path / "textfiles"
+    assert _scripts(cluster, node, state, "--timeout", "10", "--textfile-dir", str(textfiles),
+                    "--", "--simulate", str(scenario)).returncode == 0
     _only(cluster, node, "nodecert-healthcheck")
     check = _wait_for_pid("checks", "--simulate", str(scenario))
     os.kill(check, signal.SIGSTOP)
@@ -202,6 +203,11 @@ def test_a_stopped_check_is_killed_and_the_node_drained_by_its_watchdog(
     kept = slurm.last_verdict(state)
     assert kept.failed and "did not finish in 10 s" in kept.summary  # no stale PASS
     assert _gone(check)
+    from promtools import samples  # a run with no report publishes the host unhealthy
+
+    published = samples((textfiles / "nodecert.prom").read_text())
+    assert ("nodecert_host_healthy", frozenset({("host", node), ("level", "quick"),
+                                                ("profile", "")}), 0.0) in published
 
 
 def test_a_killed_wrapper_leaves_no_check_and_its_trace_drains(cluster, node1, tmp_path) -> None:
@@ -343,3 +349,29 @@ def test_the_epilog_drains_with_its_own_reason_and_a_usage_error_drains_nothing(
     else:
         cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
         assert cluster.node_state(node)[1].startswith(drained), cluster.node_state(node)
+
+
+def test_the_health_check_publishes_its_textfile_for_node_exporter(cluster, node2, tmp_path) -> None:
+    """--textfile-dir: each run slurmd starts replaces DIR/nodecert.prom (the project's renderer);
+    a real node_exporter serves it. A passing node reads healthy 1, then the fault 0."""
+    from promtools import NodeExporter, samples
+
+    node = node2
+    state, textfiles = tmp_path / "state", tmp_path / "textfiles"
+    textfiles.mkdir()
+    scenario = _scenario(tmp_path, "h100-sxm-8x-healthy")
+    assert _scripts(cluster, node, state, "--timeout", "30", "--textfile-dir", str(textfiles),
+                    "--", "--simulate", str(scenario)).returncode == 0
+    _only(cluster, node, "nodecert-healthcheck")
+
+    def healthy(exporter: NodeExporter) -> set[float]:
+        return {value for name, _labels, value in samples(exporter.scrape())
+                if name == "nodecert_host_healthy"}
+
+    with NodeExporter(textfiles) as exporter:
+        cluster.wait_for(lambda: healthy(exporter) == {1.0}, 120, "a healthy textfile")
+        _scenario(tmp_path, "fault-xid-79")
+        cluster.wait_for(lambda: healthy(exporter) == {0.0}, 120, "the fault in the textfile")
+        assert "nodecert_checks" in exporter.scrape()
+    assert [p.name for p in textfiles.iterdir()] == ["nodecert.prom"]  # no temporary left
+    cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
