@@ -233,6 +233,28 @@ def test_a_killed_wrapper_leaves_no_check_and_its_trace_drains(cluster, node1, t
     cluster.wait_for(lambda: cluster.node_state(node) == ("idle", ""), 120, "the resume")
 
 
+def test_a_terminated_wrapper_kills_its_check_and_drains(cluster, node1, tmp_path) -> None:
+    """SIGTERM to the wrapper (how slurmd starts its kill, or a shutdown): the check's group is
+    killed, the failure kept, the node drained saying so."""
+    node = node1
+    state = tmp_path / "state"
+    scenario = _scenario(tmp_path, "h100-sxm-8x-healthy")
+    assert _scripts(cluster, node, state, "--timeout", "30", "--", "--simulate",
+                    str(scenario)).returncode == 0
+    _only(cluster, node, "nodecert-healthcheck")
+    check = _wait_for_pid("checks", "--simulate", str(scenario))
+    [wrapper] = _pids("checks.fleet.slurm", "health-check", str(state))
+    os.kill(check, signal.SIGSTOP)
+    os.kill(wrapper, signal.SIGTERM)
+    cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
+    reason = cluster.node_state(node)[1]
+    assert reason == ("NODECERT: nodecert-wrapper health-check: Terminated: nodecert-run killed "
+                      "by signal 15 before it finished"), reason
+    assert _gone(check)
+    assert slurm.last_verdict(state).failed
+    assert not (state / "running.json").exists()  # it was not killed: no trace of a killed run
+
+
 def test_the_prolog_refuses_a_node_whose_health_check_was_killed(cluster, node1, tmp_path) -> None:
     node = node1
     state = tmp_path / "state"
