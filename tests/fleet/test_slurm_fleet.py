@@ -147,3 +147,23 @@ def test_a_summary_that_is_not_one_is_refused(tmp_path, capsys) -> None:
     path.write_text(json.dumps({"schema": "nodecert-fleet", "hosts": "everything"}))
     assert slurm.main(["report", str(path)]) == 2
     assert "not a valid fleet summary" in capsys.readouterr().err
+
+
+def test_drift_below_a_gpus_own_history_drains_its_host(slurm_env, tmp_path, h100_report,
+                                                        capsys) -> None:
+    """Six runs into one history (tests/fleet/drift_fleet.py): node0002's GPU5 loses matmul
+    throughput run after run, within the fleet's spread but 11 % below its own median."""
+    from drift_fleet import build
+
+    fleet = build(h100_report, tmp_path / "history.sqlite")
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(fleet.to_dict()))
+    assert slurm.main(["report", str(path), "--apply", "--max-drain-fraction", "1"]) == 1
+    out = capsys.readouterr().out
+    reason = slurm_env.node_state("node0002")[1]
+    assert reason.startswith("NODECERT: fleet drift gpu-matmul matmul_bf16_tflops GPU5 "), reason
+    assert reason.endswith("% below own baseline"), reason
+    assert slurm_env.node_state("node0004")[1].startswith("NODECERT: fleet digest mismatch GPU3")
+    # WARN drift is reported, not drained; hosts Slurm does not know are named, not acted on.
+    assert "node0006: note: drift " in out and "node0006: not a node of this Slurm cluster" in out
+    assert slurm_env.node_state("node0001") == ("idle", "")
