@@ -364,6 +364,8 @@ def test_the_epilog_drains_with_its_own_reason_and_a_usage_error_drains_nothing(
         return "JobState=COMPLETED" in out and "completing" not in cluster.node_state(node)[0]
 
     cluster.wait_for(epilog_done, 120, "the job and its epilog")
+    cluster.wait_for(lambda: (state / ".lock").exists() and not (state / "running.json").exists(),
+                     120, "the epilog to have run")
     if drained is None:
         # Slurm logs the run; the node stays in service, with no "Epilog error".
         cluster.wait_for(lambda: cluster.node_state(node)[0] == "idle", 30, "idle")
