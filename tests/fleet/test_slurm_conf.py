@@ -68,3 +68,17 @@ def test_the_deadline_table(tmp_path, message, prolog_epilog, timeout, budget, e
 def test_the_prolog_calls_fit_message_timeout(tmp_path) -> None:
     plan = slurm_conf.plan(_limits(tmp_path, "MessageTimeout=10\n"), None, None)
     assert plan.prolog_call_timeout_s * 2 + slurm_conf.START_RESERVE_S <= 10
+
+
+@pytest.mark.parametrize(("sched", "noted"), [("", True), ("nohold_on_prolog_fail", False)])
+def test_scripts_say_when_a_refused_job_would_be_held(tmp_path, capsys, sched, noted) -> None:
+    """slurm.conf(5): a failed Prolog requeues the job held unless nohold_on_prolog_fail."""
+    from checks.fleet import slurm
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"MessageTimeout=10\nSchedulerParameters={sched}\n")
+    assert slurm.main(["scripts", str(tmp_path / "bin"), "--slurm-conf", str(conf)]) == 0
+    out = capsys.readouterr().out
+    assert ("requeued held (launch_failed_requeued_held)" in out) is noted
+    prolog = (tmp_path / "bin" / "nodecert-prolog").read_text()
+    assert "prolog --apply" in prolog and "--slurm-timeout 2.5" in prolog

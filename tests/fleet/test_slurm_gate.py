@@ -146,6 +146,14 @@ def _wait_for_pid(*needles: str, timeout: float = 120) -> int:
     raise AssertionError(f"no process with {needles} appeared")
 
 
+def _parent(pid: int) -> int:
+    """The wrapper that started this check: its parent, which must be a health-check run."""
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+    assert b"checks.fleet.slurm" in cmdline and b"health-check" in cmdline, cmdline
+    return ppid
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -221,7 +229,7 @@ def test_a_killed_wrapper_leaves_no_check_and_its_trace_drains(cluster, node1, t
                     str(scenario)).returncode == 0
     _only(cluster, node, "nodecert-healthcheck")
     check = _wait_for_pid("checks", "--simulate", str(scenario))
-    [wrapper] = [p for p in _pids("checks.fleet.slurm", "health-check", str(state))]
+    wrapper = _parent(check)
     os.kill(check, signal.SIGSTOP)
     os.kill(wrapper, signal.SIGKILL)
     cluster.wait_for(lambda: _gone(check), 30, "the check to die with its wrapper")
@@ -243,7 +251,7 @@ def test_a_terminated_wrapper_kills_its_check_and_drains(cluster, node1, tmp_pat
                     str(scenario)).returncode == 0
     _only(cluster, node, "nodecert-healthcheck")
     check = _wait_for_pid("checks", "--simulate", str(scenario))
-    [wrapper] = _pids("checks.fleet.slurm", "health-check", str(state))
+    wrapper = _parent(check)
     os.kill(check, signal.SIGSTOP)
     os.kill(wrapper, signal.SIGTERM)
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
