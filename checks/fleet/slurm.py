@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -440,6 +441,8 @@ def _scripts(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     path = Path(args.report)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read
+        raise InputError(f"{path}: not a regular file")
     item = load.read(path)
     if item is None:  # a fleet summary: act on each host's findings, with the drain guard
         from checks.fleet import slurm_fleet
@@ -472,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     _call_timeout_s = getattr(args, "slurm_timeout", 30.0)
     try:
-        if not _call_timeout_s > 0:
+        if not (math.isfinite(_call_timeout_s) and _call_timeout_s > 0):
             raise InputError("--slurm-timeout must be a positive number of seconds")
         if args.command == "scripts":
             return _scripts(args)
@@ -487,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.node = node_name(args.node or local_node(), "--node (or $SLURMD_NODENAME)")
         if args.command == "prolog":
             return prolog_run(args)
-        if not args.timeout > 0:
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise InputError("--timeout must be a positive number of seconds")
         extra = list(args.checks_args)
         if args.budget:

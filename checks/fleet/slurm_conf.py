@@ -18,6 +18,7 @@ what is left; a --timeout or --budget that does not fit is refused.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -125,7 +126,7 @@ def plan(limits: Limits, timeout_s: float | None, budget_s: float | None) -> Pla
     else:
         epilog_max = limits.prolog_epilog_timeout_s - reserve
     chosen = min(hc_max, epilog_max) if timeout_s is None else timeout_s
-    if not chosen > 0:
+    if not (math.isfinite(chosen) and chosen > 0):
         raise DeadlineError(f"--timeout {chosen:g} s: must be a positive number of seconds")
     if chosen > hc_max:
         raise DeadlineError(f"--timeout {chosen:g} s cannot fit: {why_hc} ({limits.source})")

@@ -122,3 +122,26 @@ def test_batch_script_arguments_are_never_run_by_a_shell(slurm_env, tmp_path) ->
     log = (reports / f"{job}.log").read_text()
     assert not any(p.exists() for p in ran), log[-3000:]
     assert f"$(touch {ran[0]})" in log, log[-3000:]  # python -m checks named the literal scenario
+
+
+@pytest.mark.parametrize("argv", [
+    ["health-check", "--timeout", "nan"], ["health-check", "--timeout", "inf"],
+    ["health-check", "--timeout", "-1"], ["health-check", "--slurm-timeout", "nan"],
+    ["health-check", "--budget", "soon"], ["health-check", "--budget", "40s", "--timeout", "30"],
+    ["epilog", "--timeout", "0"], ["prolog", "--node", "ALL"],
+    ["report", "/dev/null", "--max-drain-fraction", "nan"], ["report", "FIFO"],
+    ["scripts", "DIR", "--timeout", "nan"], ["scripts", "DIR", "--timeout", "inf"],
+    ["scripts", "DIR", "--budget", "nan"], ["batch-script", "--nodes", "1"],
+])
+def test_bad_options_are_one_line_exit_2(tmp_path, argv, capsys, monkeypatch) -> None:
+    """Nothing of this reaches Slurm: the options are refused first (no cluster needed)."""
+    monkeypatch.setenv("SLURMD_NODENAME", "t1")
+    monkeypatch.setenv("PATH", str(tmp_path))  # a Slurm call would fail with exit 3, not 2
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    argv = [str(fifo) if a == "FIFO" else str(tmp_path / "bin") if a == "DIR" else a for a in argv]
+    if argv[0] in ("health-check", "epilog", "prolog"):
+        argv += ["--state-dir", str(tmp_path / "state")]
+    assert slurm.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
