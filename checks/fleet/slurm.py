@@ -2,8 +2,10 @@
 
     python -m checks.fleet.slurm report reports/run1/node07.json --node node07     # dry run
     python -m checks.fleet.slurm report reports/run1/node07.json --node node07 --apply
+    python -m checks.fleet.slurm report reports/run1/meta/fleet.json --apply  # the fleet's findings
     python -m checks.fleet.slurm health-check --apply        # HealthCheckProgram: runs checks here
-    python -m checks.fleet.slurm prolog                      # Prolog: refuse a node that failed
+    python -m checks.fleet.slurm prolog --apply              # Prolog: refuse a node that failed
+    python -m checks.fleet.slurm epilog --apply              # Epilog: the health check after a job
     python -m checks.fleet.slurm scripts /etc/slurm/nodecert # write the three wrappers slurm.conf names
     python -m checks.fleet.slurm batch-script --nodes 2      # sbatch script: cross-host stage
 
@@ -11,37 +13,49 @@ A failed node is drained with `scontrol update NodeName=<node> State=DRAIN
 Reason="NODECERT: <fault code> <check-id> <message>"` (the prefix follows LBNL NHC's `NHC:`
 convention). Health-check mode keeps the node's last report in --state-dir (last.json), which
 the prolog reads: a job does not start on a node whose last verdict failed. A node
-is resumed (`State=RESUME`) only if it is drained with a reason carrying our prefix: a node an
-administrator drained stays drained. Dry run by default: the exact command is printed, not run.
-The current state and reason come from `sinfo -h -N -n <node> -o '%T|%E'`.
+is resumed (`State=RESUME`) only if it is drained with a reason carrying our prefix (or with
+Slurm's "Prolog error"/"Epilog error" that our own wrapper caused): a node an administrator
+drained stays drained. Dry run by default: the exact command is printed, not run. The current
+state and reason come from `sinfo -h -N -n <node> -o '%T|%E'`. A node name is one Slurm node
+(no ranges, lists or ALL) before any Slurm command sees it. Deadlines and the behaviour on
+hang, crash and a broken state directory: checks.fleet.slurm_conf and checks.fleet.slurm_gate.
 
 Exit status: 0 the node passes, 1 the node fails (drained, or would be), 2 bad input (unreadable
-report, bad options), 3 a Slurm command failed or is missing.
+report, bad options), 3 a Slurm command failed or is missing. The Epilog exits 0 once it has
+acted (a non-zero Epilog makes Slurm drain the node with "Epilog error").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
+import re
 import shlex
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checks import cliutil
-from checks.fleet import load
+from checks.fleet import load, slurm_conf
+from checks.fleet import slurm_gate as gate
+from checks.fleet.slurm_gate import RUN_ID, Verdict, keep_last, last_verdict  # noqa: F401 (API)
 
 DEFAULT_PREFIX = "NODECERT"
 REASON_MAX = 120  # keep reasons readable in sinfo -R
 EXIT_FAIL, EXIT_USAGE, EXIT_SLURM = 1, 2, 3
-RUN_ID = "nodecert-run"  # stands for the check id in the reason when the checks did not finish
+# One Slurm node name: scontrol expands "gpu[001-512]", "a,b" and ALL into many nodes, so none
+# of these may come from a report (hostname(7) characters, at most 63 per label as DNS allows).
+NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
+RESERVED_NODE_NAMES = {"all"}  # scontrol(1): NodeName=ALL means every node
+SLURM_ERROR_REASONS = ("Prolog error", "Epilog error")  # what slurmctld sets (slurm.conf(5))
+_call_timeout_s = 30.0  # each sinfo/scontrol call; the wrappers pass the slurm.conf deadline
 
 
 class SlurmError(Exception):
@@ -63,12 +77,6 @@ class NodeState:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    failed: bool
-    summary: str  # "<check-id> <message>" of the first failure; empty when passed
-
-
-@dataclass(frozen=True)
 class Action:
     kind: str  # "drain", "resume" or "none"
     node: str
@@ -83,23 +91,34 @@ class Action:
         return None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+_one_line = gate.one_line
+
+
+def node_name(text: str, what: str = "node name") -> str:
+    """`text` when it names exactly one Slurm node, else InputError (one line)."""
+    if (not isinstance(text, str) or not NODE_NAME.fullmatch(text)
+            or text.lower() in RESERVED_NODE_NAMES):
+        raise InputError(f"{what} {text!r} is not one Slurm node name (letters, digits, '-', '_', "
+                         "'.'; no ranges, lists, ALL, spaces or control characters)")
+    return text
 
 
 def verdict(report: dict[str, Any]) -> Verdict:
-    """The report's verdict and its first failing check (FAIL before ERROR, in report order)."""
-    if report["verdict"] != "FAIL":
-        return Verdict(False, "")
+    """The report's first failing check (FAIL before ERROR, in report order). The verdict is
+    computed from the checks, not taken from the report's `verdict` field."""
     bad = [c for c in report["checks"] if c["status"] in ("FAIL", "ERROR")]
+    if not bad and report["verdict"] != "FAIL":
+        return Verdict(False, "")
     first = next((c for c in bad if c["status"] == "FAIL"), bad[0] if bad else None)
     if first is None:
         return Verdict(True, "report verdict FAIL")
-    result = next(r for r in first["results"] if r["status"] == first["status"])
+    result: dict[str, Any] = next(
+        (r for r in first["results"] if r["status"] == first["status"]), {})
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
     code = result.get("fault_code") or first.get("code")
     code = f"{code} " if code else ""
-    return Verdict(True, f"{code}{first['id']} {_one_line(result['message'])}{more}")
+    message = _one_line(result.get("message") or first["status"])
+    return Verdict(True, f"{code}{first['id']} {message}{more}")
 
 
 def drain_reason(prefix: str, summary: str) -> str:
@@ -107,7 +126,8 @@ def drain_reason(prefix: str, summary: str) -> str:
     return reason if len(reason) <= REASON_MAX else reason[: REASON_MAX - 1] + "…"
 
 
-def _run(cmd: list[str], timeout_s: float = 30.0) -> str:
+def _run(cmd: list[str], timeout_s: float | None = None) -> str:
+    timeout_s = _call_timeout_s if timeout_s is None else timeout_s
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
@@ -130,8 +150,11 @@ def node_state(node: str) -> NodeState:
     return NodeState(state.strip().lower().rstrip("*~#!%$@^-"), "" if reason == "none" else reason)
 
 
-def decide(node: str, result: Verdict, state: NodeState, prefix: str) -> Action:
-    ours = state.reason.startswith(f"{prefix}:")
+def decide(node: str, result: Verdict, state: NodeState, prefix: str,
+           slurm_error_ours: bool = False) -> Action:
+    """slurm_error_ours: a "Prolog error"/"Epilog error" drain was caused by our own wrapper."""
+    ours = state.reason.startswith(f"{prefix}:") or (
+        slurm_error_ours and state.reason.startswith(SLURM_ERROR_REASONS))
     if result.failed:
         reason = drain_reason(prefix, result.summary)
         if state.drained and not ours:
@@ -165,82 +188,155 @@ def local_node() -> str:
 
 
 STATE_DIR = "/var/lib/nodecert"
-LAST = "last.json"
+LAST = gate.LAST
+ROLES = ("health-check", "epilog", "prolog")
 
 
 def run_checks(level: str, extra: Sequence[str], timeout_s: float,
                state_dir: Path | None = None) -> Verdict:
-    """Run `python -m checks` on this node; a run that crashes or hangs is a failure too. The
-    report (or, when none came, a stand-in saying why) is kept as state_dir/last.json."""
-    with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
-        path = Path(tmp) / "report.json"
-        result = _run_checks(path, level, extra, timeout_s)
-        if state_dir is not None:
-            keep_last(state_dir, path, result)
-        return result
+    """Run `python -m checks` here under the deadline (checks.fleet.slurm_gate); the report, or
+    a FAIL stand-in saying why there is none, is kept as state_dir/last.json."""
+    result, report = gate.run_checks(level, extra, timeout_s)
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        keep_last(state_dir, report, result)
+    return result
 
 
-def keep_last(state_dir: Path, report: Path, result: Verdict) -> None:
-    """Replace state_dir/last.json atomically: a prolog reading it never sees half a file."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    if report.exists():
-        doc = json.loads(report.read_text())
-    else:  # the run hung or crashed: the verdict is still FAIL, and says why
-        doc = {"verdict": "FAIL", "summary_line": result.summary, "checks": []}
-    doc["nodecert_slurm"] = {"failed": result.failed, "summary": result.summary,
-                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    tmp = state_dir / f".{LAST}.{os.getpid()}"
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(state_dir / LAST)
-
-
-def last_verdict(state_dir: Path) -> Verdict | None:
-    """The verdict health-check mode kept, None when it has not run yet."""
-    path = state_dir / LAST
-    if not path.exists():
+def _kept_report(state_dir: Path) -> dict[str, Any] | None:
+    """The report last.json holds, None for a stand-in (hang, crash) or none at all."""
+    try:
+        doc = json.loads((state_dir / LAST).read_text())
+    except (OSError, ValueError):
         return None
-    try:
-        doc = json.loads(path.read_text())
-        kept = doc["nodecert_slurm"]
-        return Verdict(bool(kept["failed"]), str(kept["summary"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{path}: unreadable last verdict ({exc})") from exc
+    if not isinstance(doc, dict) or "schema" not in doc:
+        return None
+    doc.pop("nodecert_slurm", None)
+    return doc
 
 
-def _run_checks(path: Path, level: str, extra: Sequence[str], timeout_s: float) -> Verdict:
-    cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
+def _act_here(node: str, result: Verdict, state_dir: Path, prefix: str, apply: bool) -> None:
+    """Drain or resume this node; a "Prolog error"/"Epilog error" our wrapper caused counts as
+    ours, and its note is dropped once the node is resumed."""
+    state = node_state(node)
+    ours = gate.caused_slurm_error(state_dir)
+    action = decide(node, result, state, prefix, slurm_error_ours=ours)
+    act(action, apply)
+    if action.kind == "resume" and apply and ours:
+        gate.forget_slurm_error(state_dir)
+
+
+def _wrapper_failed(node: str, role: str, exc: BaseException, state_dir: Path, prefix: str,
+                    apply: bool) -> int:
+    """Fail closed: the wrapper itself broke (disk full, read-only, unreadable state, a bug).
+    Drain with our reason; when even that is impossible, exit so that Slurm drains."""
+    summary = f"{gate.WRAPPER_ID} {role}: {gate.describe_error(exc)}"
+    print(f"error: {summary}", file=sys.stderr)
+    result = Verdict(True, summary)
+    with contextlib.suppress(Exception):  # the state may be what broke
+        keep_last(state_dir, None, result)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s")
-    if proc.returncode == 2:
-        raise InputError(f"python -m checks: {_one_line(proc.stderr) or 'bad usage'}")
-    item = load.read(path) if path.exists() else None
-    if item is None or item.report is None:
-        why = item.error if item else (_one_line(proc.stderr)[-80:] or f"exit {proc.returncode}")
-        return Verdict(True, f"{RUN_ID} did not complete: {why}")
-    return verdict(item.report)
+        act(decide(node, result, node_state(node), prefix), apply)
+    except SlurmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        if role != "health-check":
+            gate.note_slurm_error(state_dir, role, summary)
+        return EXIT_SLURM
+    return 0 if role == "epilog" else EXIT_FAIL
+
+
+def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """health-check or epilog: run the checks under the deadline, keep the verdict, act."""
+    state_dir, node = Path(args.state_dir), args.node
+    try:
+        with gate.state_lock(state_dir, wait_s=2.0) as held:
+            if not held:
+                print(f"{node}: another nodecert run holds {state_dir / gate.LOCK}; it acts",
+                      file=sys.stderr)
+                return 0
+            stale = gate.stale_marker(state_dir)
+            gate.start_marker(state_dir, role, args.timeout)
+            if stale is not None:  # the last run was killed: that is this run's finding
+                result = gate.killed_verdict(stale)
+                keep_last(state_dir, None, result)
+            else:
+                result = run_checks(args.level, extra, args.timeout, state_dir)
+            gate.clear_marker(state_dir)
+            if args.textfile_dir:
+                gate.publish(Path(args.textfile_dir), node, args.level, _kept_report(state_dir))
+        _act_here(node, result, state_dir, args.prefix, args.apply)
+    except gate.UsageError as exc:  # a configuration error, not a node fault: drains nothing
+        with contextlib.suppress(OSError):
+            gate.clear_marker(state_dir)
+        print(f"error: {exc}", file=sys.stderr)
+        return 0 if role == "epilog" else EXIT_USAGE
+    except SlurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if role == "epilog":
+            gate.note_slurm_error(state_dir, role, str(exc))
+        return EXIT_SLURM
+    except Exception as exc:  # fail closed, whatever broke
+        with contextlib.suppress(OSError):  # not killed: its own error names what broke
+            gate.clear_marker(state_dir)
+        return _wrapper_failed(node, role, exc, state_dir, args.prefix, args.apply)
+    if role == "epilog":
+        return 0
+    return EXIT_FAIL if result.failed else 0
+
+
+def prolog_verdict(state_dir: Path) -> Verdict | None:
+    """What the Prolog trusts: a killed health check first, then the kept verdict."""
+    return gate.killed_run(state_dir) or last_verdict(state_dir)
+
+
+def prolog_run(args: argparse.Namespace) -> int:
+    """Refuse the job (exit 1) on a node whose last verdict failed, after draining it with our
+    reason; slurmctld keeps that reason and requeues the job (held unless
+    SchedulerParameters=nohold_on_prolog_fail)."""
+    state_dir, node = Path(args.state_dir), args.node
+    try:
+        kept = prolog_verdict(state_dir)
+        if kept is None or not kept.failed:
+            return 0
+        print(f"nodecert: this node's last verdict failed: {kept.summary}", file=sys.stderr)
+        act(decide(node, kept, node_state(node), args.prefix), args.apply)
+        return EXIT_FAIL
+    except SlurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        gate.note_slurm_error(state_dir, "prolog", str(exc))
+        return EXIT_SLURM
+    except Exception as exc:  # fail closed: unreadable state refuses the job
+        code = _wrapper_failed(node, "prolog", exc, state_dir, args.prefix, args.apply)
+        return code or EXIT_FAIL
 
 
 WRAPPERS = {
     # name: (what slurm.conf calls it, subcommand and options)
     "nodecert-healthcheck": ("HealthCheckProgram", ["health-check", "--apply"]),
-    "nodecert-prolog": ("Prolog", ["prolog"]),
-    "nodecert-epilog": ("Epilog", ["health-check", "--apply"]),
+    "nodecert-prolog": ("Prolog", ["prolog", "--apply"]),
+    "nodecert-epilog": ("Epilog", ["epilog", "--apply"]),
 }
 
 
-def write_scripts(directory: Path, state_dir: Path, prefix: str, timeout_s: float,
-                  checks_args: Sequence[str]) -> list[Path]:
+def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_conf.Plan,
+                  checks_args: Sequence[str], textfile_dir: str | None = None) -> list[Path]:
     """Slurm runs a program path without arguments: one small wrapper per role, naming this
-    Python (the node's nodecert venv) and SLURM_CONF when one is set."""
+    Python (the node's nodecert venv), SLURM_CONF when one is set, and the deadlines the plan
+    derived from slurm.conf."""
     directory.mkdir(parents=True, exist_ok=True)
     conf = os.environ.get("SLURM_CONF")
     written = []
     for name, (_, sub) in WRAPPERS.items():
         args = [*sub, "--prefix", prefix, "--state-dir", str(state_dir)]
-        if sub[0] == "health-check":
-            args += ["--timeout", f"{timeout_s:g}"]
+        if sub[0] == "prolog":
+            args += ["--slurm-timeout", f"{plan.prolog_call_timeout_s:g}"]
+        else:
+            args += ["--timeout", f"{plan.check_timeout_s:g}",
+                     "--slurm-timeout", f"{plan.slurm_call_timeout_s:g}"]
+            if textfile_dir:
+                args += ["--textfile-dir", textfile_dir]
+            if plan.budget_s is not None:
+                args += ["--budget", f"{plan.budget_s:g}s"]
             if checks_args:
                 args += ["--", *checks_args]
         lines = ["#!/bin/sh",
@@ -257,48 +353,6 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, timeout_s: floa
     return written
 
 
-BATCH = """#!/bin/bash
-#SBATCH --job-name=nodecert-verify
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --time={minutes}
-#SBATCH --output={out}/%j.log
-# Multi-node verification over the nodes Slurm allocated (written by
-# `python -m checks.fleet.slurm batch-script`). One task per node: the node's own checks, then
-# the cross-host stage (torchrun through python -m checks.node.crosshost_node) with the rendezvous at the
-# first node of the allocation, addressed as Slurm knows it (NodeAddr). The batch host then
-# builds the fleet report, which names the node or link that broke a group.
-set -uo pipefail
-python={python}
-run={out}/$SLURM_JOB_ID
-mkdir -p "$run/crosshost/r0g0"
-addr() {{ scontrol show node -o "$1" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }}
-hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
-addresses=$(for h in ${{hosts//,/ }}; do printf '"%s": "%s",' "$h" "$(addr "$h")"; done)
-"$python" -m checks.fleet.crosshost_plan --hosts "$hosts" --mode all --base-port {port} \\
-  --run-id "nodecert-$SLURM_JOB_ID" --addresses "{{${{addresses%,}}}}" > "$run/crosshost/plan.json"
-endpoint=$("$python" -c 'import json,sys; print(json.load(sys.stdin)["rounds"][0][0]["endpoint"])' \\
-  < "$run/crosshost/plan.json")
-export python run endpoint
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c '
-  me=$SLURMD_NODENAME
-  local=$(scontrol show node -o "$me" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")
-  "$python" -m checks --level {level} --json "$run/$me.json" -q {checks_args}
-  "$python" -m checks.node.crosshost_node --group r0g0 --nnodes "$SLURM_NNODES" \\
-    --node-rank "$SLURM_NODEID" --rdzv-endpoint "$endpoint" --rdzv-id "nodecert-$SLURM_JOB_ID-r0g0" \\
-    --local-addr "$local" --host "$me" --json "$run/crosshost/r0g0/$me.json" {node_args}
-  true'
-exec "$python" -m checks.fleet report "$run" --no-history --json "$run/fleet.json"
-"""
-
-
-def batch_script(nodes: int, out: str, port: int, minutes: int, level: str,
-                 checks_args: Sequence[str], node_args: Sequence[str]) -> str:
-    return BATCH.format(nodes=nodes, out=shlex.quote(out), port=port, minutes=minutes,
-                        level=level, python=shlex.quote(sys.executable),
-                        checks_args=shlex.join(checks_args), node_args=shlex.join(node_args))
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m checks.fleet.slurm",
                                 description="Drain failed Slurm nodes, resume the ones nodecert drained.",
@@ -308,32 +362,56 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--prefix", default=DEFAULT_PREFIX,
                         help=f"reason prefix that marks nodecert's drains (default {DEFAULT_PREFIX})")
     common.add_argument("--apply", action="store_true", help="run scontrol (default: print the command)")
+    common.add_argument("--slurm-timeout", type=float, default=30.0, metavar="S",
+                        help="limit of each sinfo/scontrol call (default 30; the wrappers pass "
+                             "slurm.conf's MessageTimeout)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    rep = sub.add_parser("report", parents=[common], help="act on a host report (JSON)")
-    rep.add_argument("report", metavar="FILE", help="host report from python -m checks --json")
+    rep = sub.add_parser("report", parents=[common],
+                         help="act on a host report or on a fleet summary (JSON)")
+    rep.add_argument("report", metavar="FILE",
+                     help="host report (python -m checks --json) or fleet summary "
+                          "(python -m checks.fleet report --json)")
     rep.add_argument("--node", help="Slurm node name (default: the report's host, short name)")
-    hc = sub.add_parser("health-check", parents=[common],
-                        help="run python -m checks here, then act on this node (HealthCheckProgram)")
-    hc.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
-    hc.add_argument("--level", default="quick", choices=("quick", "standard", "burn-in"),
-                    help="check level (default quick: seconds, safe between jobs)")
-    hc.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                    help="a check run longer than this is a failure (default 300)")
-    hc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR",
-                    help=f"keep the last report here for the prolog (default {STATE_DIR})")
-    hc.add_argument("--budget", metavar="TIME",
-                    help="passed to python -m checks --budget: the most valuable checks that fit "
-                         "(e.g. 90s; keep it below --timeout)")
+    rep.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
+                     help="fleet summary: never drain more than this share of a partition at "
+                          "once; the rest are reported, not drained (default 0.10)")
+    for role, what in (("health-check", "HealthCheckProgram"), ("epilog", "Epilog")):
+        hc = sub.add_parser(role, parents=[common],
+                            help=f"run python -m checks here, then act on this node ({what})")
+        hc.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
+        hc.add_argument("--level", default="quick", choices=("quick", "standard", "burn-in"),
+                        help="check level (default quick: seconds, safe between jobs)")
+        hc.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="the check run is killed (its whole process group) and the node "
+                             "drained after this (default 300; the wrappers derive it from "
+                             "slurm.conf)")
+        hc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR",
+                        help=f"keep the last report here for the prolog (default {STATE_DIR})")
+        hc.add_argument("--budget", metavar="TIME",
+                        help="passed to python -m checks --budget: the most valuable checks that "
+                             "fit (e.g. 30s; at least 5 s below --timeout)")
+        hc.add_argument("--textfile-dir", metavar="DIR",
+                        help="node_exporter textfile directory: write DIR/nodecert.prom "
+                             "(atomically) after each run")
     pro = sub.add_parser("prolog", parents=[common],
-                         help="Prolog: exit 1 (Slurm then holds the job and drains the node) "
-                              "when this node's last verdict failed")
+                         help="Prolog: drain this node and exit 1 (Slurm requeues the job) when "
+                              "its last verdict failed or its last health check was killed")
+    pro.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
     pro.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
     sc = sub.add_parser("scripts", parents=[common],
                         help="write nodecert-healthcheck, -prolog and -epilog wrappers for slurm.conf")
     sc.add_argument("directory", metavar="DIR")
     sc.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
-    sc.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                    help="health-check time budget (default 120; keep it below HealthCheckInterval)")
+    sc.add_argument("--slurm-conf", metavar="FILE",
+                    help="read deadlines from this slurm.conf (default $SLURM_CONF, else "
+                         f"{slurm_conf.DEFAULT_CONF})")
+    sc.add_argument("--timeout", type=float, metavar="S",
+                    help="check run deadline (default: what slurm.conf leaves, e.g. 35 s with "
+                         "MessageTimeout=10); one that cannot fit is refused")
+    sc.add_argument("--budget", metavar="TIME",
+                    help="python -m checks --budget for the wrappers; one that cannot fit is refused")
+    sc.add_argument("--textfile-dir", metavar="DIR",
+                    help="node_exporter textfile directory the health check and epilog write to")
     bs = sub.add_parser("batch-script", help="print an sbatch script for multi-node verification")
     bs.add_argument("--nodes", type=int, required=True)
     bs.add_argument("--out", default="reports/slurm", help="report directory (shared by the nodes)")
@@ -345,8 +423,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _scripts(args: argparse.Namespace) -> int:
+    limits = slurm_conf.read(slurm_conf.conf_path(args.slurm_conf))
+    budget = slurm_conf.parse_duration(args.budget) if args.budget else None
+    plan = slurm_conf.plan(limits, args.timeout, budget)
+    for path in write_scripts(Path(args.directory), Path(args.state_dir), args.prefix, plan,
+                              args.checks_args, args.textfile_dir):
+        print(f"wrote {path} ({WRAPPERS[path.name][0]}={path})")
+    print(f"deadlines from {limits.source}: checks {plan.check_timeout_s:g} s (HealthCheckProgram "
+          f"limit {slurm_conf.HEALTH_CHECK_LIMIT_S:g} s), Slurm calls "
+          f"{plan.slurm_call_timeout_s:g} s, prolog calls {plan.prolog_call_timeout_s:g} s")
+    if not limits.nohold_on_prolog_fail:
+        print("note: without SchedulerParameters=nohold_on_prolog_fail a job the Prolog refuses "
+              "is requeued held (launch_failed_requeued_held); with it, requeued to run elsewhere")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    path = Path(args.report)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read
+        raise InputError(f"{path}: not a regular file")
+    item = load.read(path)
+    if item is None:  # a fleet summary: act on each host's findings, with the drain guard
+        from checks.fleet import slurm_fleet
+
+        return slurm_fleet.act_on_summary(path, args.prefix, args.apply, args.max_drain_fraction)
+    if item.report is None:
+        raise InputError(f"{args.report}: {item.error}")
+    host = item.report["host"]
+    node = node_name(args.node or node_name(str(host), f"{path}: host").split(".")[0], "--node")
+    result = verdict(item.report)
+    if result.failed != (item.report["verdict"] == "FAIL"):
+        raise InputError(f"{path}: verdict {item.report['verdict']} contradicts its checks "
+                         f"({result.summary or 'none failed'})")
+    act(decide(node, result, node_state(node), args.prefix), args.apply)
+    return EXIT_FAIL if result.failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    # Everything after "--" goes to python -m checks (health-check, scripts, batch-script).
+    # Everything after "--" goes to python -m checks (health-check, epilog, scripts, batch-script).
+    global _call_timeout_s
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = cliutil.parse(build_parser(), argv[:cut])
@@ -357,51 +473,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.prefix or ":" in args.prefix:
         print("error: --prefix must be non-empty and without ':'", file=sys.stderr)
         return EXIT_USAGE
+    _call_timeout_s = getattr(args, "slurm_timeout", 30.0)
     try:
+        if not (math.isfinite(_call_timeout_s) and _call_timeout_s > 0):
+            raise InputError("--slurm-timeout must be a positive number of seconds")
         if args.command == "scripts":
-            extra = args.checks_args
-            for path in write_scripts(Path(args.directory), Path(args.state_dir), args.prefix,
-                                      args.timeout, extra):
-                print(f"wrote {path} ({WRAPPERS[path.name][0]}={path})")
-            return 0
+            return _scripts(args)
         if args.command == "batch-script":
-            if args.nodes < 2:
-                raise InputError("--nodes must be at least 2 (the cross-host stage pairs nodes)")
-            node_args = [*(["--ifname", args.ifname] if args.ifname else []),
-                         *(["--nproc-per-node", str(args.nproc_per_node)]
-                           if args.nproc_per_node else [])]
-            # Slurm opens --output before the script runs: the directory must exist (on the
-            # file system the nodes share).
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            out = str(Path(args.out).resolve())
-            sys.stdout.write(batch_script(args.nodes, out, args.port, args.minutes, args.level,
-                                          args.checks_args, node_args))
-            return 0
-        if args.command == "prolog":
-            kept = last_verdict(Path(args.state_dir))
-            if kept is not None and kept.failed:
-                print(f"nodecert: this node's last verdict failed: {kept.summary}", file=sys.stderr)
-                return EXIT_FAIL
-            return 0
+            from checks.fleet import slurm_batch
+
+            return slurm_batch.run(args)
         if args.command == "report":
-            item = load.read(Path(args.report))
-            if item is None or item.report is None:
-                why = item.error if item else "a fleet summary, not a host report"
-                raise InputError(f"{args.report}: {why}")
-            node = args.node or str(item.report["host"]).split(".")[0]
-            result = verdict(item.report)
-        else:
-            extra = [*(["--budget", args.budget] if args.budget else []), *args.checks_args]
-            node = args.node or local_node()
-            result = run_checks(args.level, extra, args.timeout, Path(args.state_dir))
-        act(decide(node, result, node_state(node), args.prefix), args.apply)
-    except (InputError, ImportError) as exc:
+            if not 0 <= args.max_drain_fraction <= 1:
+                raise InputError("--max-drain-fraction must be between 0 and 1")
+            return _report(args)
+        args.node = node_name(args.node or local_node(), "--node (or $SLURMD_NODENAME)")
+        if args.command == "prolog":
+            return prolog_run(args)
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise InputError("--timeout must be a positive number of seconds")
+        extra = list(args.checks_args)
+        if args.budget:
+            budget = slurm_conf.parse_duration(args.budget)
+            if budget > args.timeout - slurm_conf.CHECKS_START_RESERVE_S:
+                raise InputError(f"--budget {args.budget} cannot fit --timeout {args.timeout:g} s "
+                                 f"(the checks need {slurm_conf.CHECKS_START_RESERVE_S:g} s to start)")
+            extra = ["--budget", args.budget, *extra]
+        return gate_run(args.command, args, extra)
+    except (InputError, ImportError, slurm_conf.DeadlineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SLURM
-    return EXIT_FAIL if result.failed else 0
 
 
 if __name__ == "__main__":

@@ -181,14 +181,6 @@ def test_health_check_with_bad_options_does_not_drain(slurm_env, monkeypatch, tm
     assert slurm_env.node_state("gpu11") == ("idle", "")
 
 
-def test_health_check_that_hangs_drains(slurm_env, monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("SLURMD_NODENAME", "gpu11")
-    assert slurm.main(["health-check", "--apply", "--timeout", "0.01", "--state-dir", str(tmp_path),
-                       "--", "--simulate", "h100-sxm-8x-healthy"]) == 1
-    assert slurm_env.node_state("gpu11")[1] == "NODECERT: nodecert-run did not finish in 0.01 s"
-    assert slurm.last_verdict(tmp_path).failed
-
-
 def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -210,7 +202,7 @@ def test_slurmd_runs_the_health_check_drains_and_resumes(tmp_path) -> None:
             "HealthCheckProgram": str(wrappers / "nodecert-healthcheck"),
             "HealthCheckInterval": "3", "HealthCheckNodeState": "ANY"}) as c:
         subprocess.run([sys.executable, "-m", "checks.fleet.slurm", "scripts", str(wrappers),
-                        "--state-dir", str(state), "--timeout", "60", "--", "--simulate",
+                        "--state-dir", str(state), "--timeout", "30", "--", "--simulate",
                         str(scenario)], check=True, env=c.env(), capture_output=True, timeout=60)
         drained = _wait(lambda: "drain" in c.node_state("hc1")[0], 90)
         assert drained, c.log("slurmd.hc1")[-2000:]

@@ -1,0 +1,283 @@
+"""What runs on a node under slurmd: the health check, the Prolog and the Epilog.
+
+The wrapper is not the checked process. It runs `python -m checks` as a child in a session and
+process group of its own, which dies with the wrapper (PR_SET_PDEATHSIG), and waits for it at
+most the deadline slurm.conf leaves (checks.fleet.slurm_conf). On that deadline it kills the
+whole group, keeps a FAIL as last.json and drains the node with a reason naming the timeout.
+
+If the wrapper itself is killed (slurmd's own 60 s kill, the OOM killer, a reboot), nothing in
+this run can act any more. Before it starts the checks it writes `running.json` into the state
+directory while holding `.lock` (flock, released by the kernel when the process dies). A
+`running.json` whose lock nobody holds is the trace of a killed run: the Prolog refuses jobs on
+that node (drains it, exit 1) and the next health check drains it, each with a reason saying
+the last run was killed. No process is left behind to do this (no detached watchdog).
+
+Any error of the wrapper itself (state directory full or read-only, unreadable state, an
+unexpected exception) fails closed: the node is drained with `<prefix>: nodecert-wrapper ...`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.fleet import load
+
+RUN_ID = "nodecert-run"  # stands for the check id in the reason when the checks did not finish
+WRAPPER_ID = "nodecert-wrapper"  # the check id in the reason when the wrapper itself failed
+LAST = "last.json"
+RUNNING = "running.json"
+LOCK = ".lock"
+SLURM_ERROR = "slurm-error.json"  # our prolog/epilog exited non-zero without its own drain
+TEXTFILE = "nodecert.prom"
+PR_SET_PDEATHSIG = 1
+
+
+class UsageError(Exception):
+    """python -m checks refused its options (exit 2): a configuration error, not a node fault."""
+
+
+class StateError(Exception):
+    """The state directory holds something this wrapper cannot read (one line)."""
+
+
+class Terminated(Exception):
+    """The wrapper got SIGTERM (slurmd's kill, or a shutdown) while the checks ran."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    failed: bool
+    summary: str  # "<check-id> <message>" of the first failure; empty when passed
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# -- the supervised check run --------------------------------------------------------------------
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_checks(level: str, extra: Sequence[str], timeout_s: float
+               ) -> tuple[Verdict, dict[str, Any] | None]:
+    """Run `python -m checks` under the deadline; a run that crashes or hangs is a failure too.
+    Returns the verdict and the report (None when there is none)."""
+    from checks.fleet.slurm import verdict  # the report's first failure, as `slurm report` says it
+
+    with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
+        path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_term(signum: int, frame: object) -> None:
+            _kill_group(proc.pid)
+            raise Terminated(f"{RUN_ID} killed by signal {signum} before it finished")
+
+        signal.signal(signal.SIGTERM, on_term)
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+            return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s (timeout: "
+                                 "killed)"), None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            _kill_group(proc.pid)  # anything the checks left in their group
+        if proc.returncode == 2:
+            raise UsageError(f"python -m checks: {one_line(stderr) or 'bad usage'}")
+        item = load.read(path) if path.exists() else None
+        if item is None or item.report is None:
+            why = item.error if item else (one_line(stderr)[-80:] or f"exit {proc.returncode}")
+            return Verdict(True, f"{RUN_ID} did not complete: {why}"), None
+        return verdict(item.report), item.report
+
+
+# -- the state directory ------------------------------------------------------------------------
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A private temporary in the same directory, fsync, rename: a reader never sees half a file
+    and a failure (ENOSPC, EROFS) leaves the old file and no temporary behind."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def keep_last(state_dir: Path, report: dict[str, Any] | None, result: Verdict) -> None:
+    """Replace state_dir/last.json: the report, or a FAIL stand-in saying why there is none."""
+    doc: dict[str, Any] = (dict(report) if report is not None else
+                           {"verdict": "FAIL", "checks": [], "summary_line": result.summary})
+    doc["nodecert_slurm"] = {"failed": result.failed, "summary": result.summary,
+                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _write_atomic(state_dir / LAST, json.dumps(doc))
+
+
+def last_verdict(state_dir: Path) -> Verdict | None:
+    """The verdict the health check kept, None when it has not run yet; StateError (or OSError)
+    when it cannot be read (the caller fails closed)."""
+    path = state_dir / LAST
+    if not path.exists():
+        return None
+    try:
+        kept = json.loads(path.read_text())["nodecert_slurm"]
+        return Verdict(bool(kept["failed"]), str(kept["summary"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StateError(f"{LAST} unreadable: {one_line(str(exc))}") from None
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path, wait_s: float, create: bool = True) -> Iterator[bool]:
+    """Hold state_dir/.lock (True), or False when another run holds it for longer than wait_s."""
+    if create:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / LOCK, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.1)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def start_marker(state_dir: Path, role: str, deadline_s: float) -> None:
+    _write_atomic(state_dir / RUNNING, json.dumps({
+        "pid": os.getpid(), "role": role, "started": time.time(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "deadline_s": deadline_s}))
+
+
+def clear_marker(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / RUNNING).unlink()
+
+
+def stale_marker(state_dir: Path) -> dict[str, Any] | None:
+    """The marker of a run that was killed: present while nobody holds the lock. Call with the
+    lock held, or through killed_run()."""
+    path = state_dir / RUNNING
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        return doc if isinstance(doc, dict) else {"at": "?", "role": "?"}
+    except ValueError:
+        return {"at": "?", "role": "?"}
+
+
+def killed_verdict(marker: dict[str, Any]) -> Verdict:
+    return Verdict(True, f"{RUN_ID} ({marker.get('role', '?')}) started {marker.get('at', '?')} "
+                         "was killed before it finished")
+
+
+def killed_run(state_dir: Path) -> Verdict | None:
+    """For the Prolog: a FAIL when the last health check was killed, None otherwise (also while
+    one is still running: its lock is held, and the kept verdict stands until it ends)."""
+    if not (state_dir / RUNNING).exists():
+        return None
+    if not (state_dir / LOCK).exists():
+        marker = stale_marker(state_dir)
+        return killed_verdict(marker) if marker else None
+    with state_lock(state_dir, 0, create=False) as got:
+        if not got:
+            return None
+        marker = stale_marker(state_dir)
+        return killed_verdict(marker) if marker else None
+
+
+def note_slurm_error(state_dir: Path, role: str, why: str) -> None:
+    """Best effort: our Prolog/Epilog exits non-zero without having drained the node itself, so
+    Slurm drains it with "Prolog error"/"Epilog error"; this note lets a later pass resume it."""
+    with contextlib.suppress(OSError):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(state_dir / SLURM_ERROR, json.dumps({
+            "role": role, "why": why, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+
+
+def caused_slurm_error(state_dir: Path) -> bool:
+    return (state_dir / SLURM_ERROR).exists()
+
+
+def forget_slurm_error(state_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        (state_dir / SLURM_ERROR).unlink()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a wrapper error, naming the errno (ENOSPC, EROFS ...) when there is one."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.errno in errno.errorcode:
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"{errno.errorcode[exc.errno]} {exc.strerror}{where}"
+    if isinstance(exc, StateError):
+        return one_line(str(exc))
+    return f"{type(exc).__name__}: {one_line(str(exc))}"
+
+
+# -- the node_exporter textfile ---------------------------------------------------------------
+
+def publish(textfile_dir: Path, node: str, level: str, report: dict[str, Any] | None) -> None:
+    """DIR/nodecert.prom, replaced atomically: the report through the project's renderer, or,
+    when the run left none (hang, crash), the host marked unhealthy so no old PASS stays."""
+    from checks.render import prometheus
+
+    path = textfile_dir / TEXTFILE
+    if report is not None:
+        prometheus.write([report], path)
+        return
+    from prometheus_client import CollectorRegistry, write_to_textfile
+    from prometheus_client.core import GaugeMetricFamily
+
+    class NoReport:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            healthy = GaugeMetricFamily(f"{prometheus.PREFIX}_host_healthy",
+                                        "1 when every check passed (PASS, WARN or SKIP), else 0.",
+                                        labels=["host", "level", "profile"])
+            healthy.add_metric([node, level, ""], 0.0)
+            last = GaugeMetricFamily(f"{prometheus.PREFIX}_last_run_timestamp_seconds",
+                                     "When the last nodecert run on this host finished (Unix time).",
+                                     labels=["host"])
+            last.add_metric([node], time.time())
+            yield from (healthy, last)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NoReport())  # type: ignore[arg-type]
+    textfile_dir.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry)
