@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import aggregate
+from checks.fleet import aggregate, fleet_junit
 from checks.fleet.history import Lemon
 from checks.render import prometheus
 
@@ -204,3 +204,9 @@ def test_drift_and_digest_are_exported(tmp_path, h100_report) -> None:
     assert [(f["kind"], f["status"], f["gpu"]["index"]) for f in hosts["node0004"]["findings"]] == [
         ("digest", "FAIL", 3)]
     assert all("\n" not in f["reason"] for h in hosts.values() for f in h["findings"])
+    # and in the fleet JUnit: a failing test case per FAIL finding, in the host's suite
+    suites = {suite.get("name"): suite for suite in fleet_junit.to_xml(fleet).iter("testsuite")}
+    [case] = [c for c in suites["node0004"] if c.get("name", "").startswith("digest ")]
+    assert (case.get("name"), case.find("failure").get("type")) == ("digest reference-digest GPU3", "digest")
+    drifting = [c for c in suites["node0002"] if c.get("name", "").startswith("drift ")]
+    assert [c.find("failure") is not None for c in drifting] == [True]
