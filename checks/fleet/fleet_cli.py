@@ -3,8 +3,8 @@
     python -m checks.fleet report reports/2025-06-01T10-00 --inventory inventory \\
         --html reports/2025-06-01T10-00/fleet.html --prometheus-dir /var/lib/node_exporter
 
-Exit codes: 0 every host PASS or WARN, 1 any host FAIL/ERROR/MISSING (a straggler FAIL included),
-2 bad usage or input.
+Exit codes: 0 every host PASS or WARN, 1 any host FAIL/ERROR/MISSING (a FAIL finding included:
+straggler, drift, digest mismatch, lemon), 2 bad usage or input.
 """
 
 from __future__ import annotations
