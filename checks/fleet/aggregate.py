@@ -4,12 +4,17 @@ A host is named by its report's file name (the playbook fetches reports/<run-id>
 the inventory name); the hostname recorded inside the report is kept as `hostname`.
 
 Host status in the fleet:
-  PASS     report PASS, no WARN result, not a straggler
-  WARN     report PASS with WARN results, or a straggler WARN
-  FAIL     report FAIL (any FAIL or ERROR result), or a straggler FAIL
+  PASS     report PASS, no WARN result, no finding
+  WARN     report PASS with WARN results, or a WARN finding
+  FAIL     report FAIL (any FAIL or ERROR result), or a FAIL finding
   ERROR    report unreadable (not JSON, or not valid against the report schema)
   MISSING  expected (inventory) but no report; the caller's reason, e.g. "unreachable"
 The fleet passes when every host is PASS or WARN.
+
+Findings are the fleet's own verdicts on a host, which its report cannot give: a straggler, a
+GPU computing other bits than its group (digest), a figure drifting from its own history, a lemon
+GPU (the last two come from the history: set_drift, set_lemons). Each one is listed in the host's
+entry (`findings`, one line `reason` each: what a drain reason names) and raises its status.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from checks.fleet import figures as figs
 from checks.fleet import load as loader
 from checks.fleet import nvl72
 from checks.fleet import stragglers as strag
-from checks.fleet.findings import Drift, HostEntry, Lemon
+from checks.fleet.findings import Drift, Finding, HostEntry, Lemon
 from checks.model import Status
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")
 PROBLEM_STATUSES = ("FAIL", "ERROR", "MISSING")
 
@@ -80,6 +85,7 @@ class Fleet:
     lemons: list[Lemon] = field(default_factory=list)  # filled in from the history by the caller
     drift: list[Drift] = field(default_factory=list)  # every figure judged against its own history
     digests: digests_.Analysis | None = None  # reference digests grouped by stack
+    history_run: str | None = None  # the key this run is recorded under in the history
     generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
 
     @property
@@ -103,7 +109,16 @@ class Fleet:
     def set_drift(self, drift: list[Drift]) -> None:
         """Attach drift verdicts (drift.find) and fold them into the host statuses."""
         self.drift = drift
-        _fold(self.hosts, ((d.host, d.status) for d in drift if d.status))
+        _add_findings(self.hosts, "drift", [(d.host, _drift_finding(d)) for d in drift if d.status])
+
+    def set_lemons(self, lemons: list[Lemon]) -> None:
+        """Attach the history's lemons; a host holding a lemon GPU in this run FAILs (the GPU is
+        to be replaced: it failed in N of the last M runs, whether or not it failed this time)."""
+        self.lemons = lemons
+        where = _gpus_by_uuid(self.hosts)
+        _add_findings(self.hosts, "lemon", [
+            (where[lemon.uuid][0], _lemon_finding(lemon, where[lemon.uuid][1]))
+            for lemon in lemons if lemon.uuid in where])
 
     @property
     def reports(self) -> list[dict[str, Any]]:
@@ -113,7 +128,8 @@ class Fleet:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": loader.FLEET_SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id, "generated_at": self.generated_at, "source": self.source,
+            "run_id": self.run_id, "history_run": self.history_run,
+            "generated_at": self.generated_at, "source": self.source,
             "straggler_rule": {"default_pct": strag.DEFAULT_PCT, "warn_fraction": strag.WARN_FRACTION,
                                "min_peers": strag.MIN_PEERS},
             "verdict": self.verdict, "exit_code": self.exit_code, "summary": self.summary,
@@ -152,6 +168,69 @@ def _spread(entries: list[HostEntry]) -> list[CheckSpread]:
     return sorted(spreads.values(), key=lambda c: (order[c.status], -len(c.occurrences), c.check))
 
 
+def _gpu_text(gpu: figs.GpuRef | None) -> str:
+    return f"{gpu.label()} " if gpu else ""
+
+
+def _straggler_finding(s: strag.Straggler) -> Finding:
+    return Finding("straggler", s.status, s.check, s.gpu,
+                   f"{_gpu_text(s.gpu)}{s.check} {s.name} {s.value:g}: {s.deficit_pct:.1f} % worse "
+                   f"than the fleet median {s.median:g} (FAIL above {s.threshold_pct:g} %)", s.name)
+
+
+def _digest_finding(odd: digests_.Odd) -> Finding:
+    return Finding("digest", odd.status, digests_.CHECK_ID, odd.gpu, f"{_gpu_text(odd.gpu)}{odd.message}")
+
+
+def _drift_finding(d: Drift) -> Finding:
+    assert d.status is not None
+    return Finding("drift", d.status, d.check, d.gpu,
+                   f"{_gpu_text(d.gpu)}{d.check} {d.name} {d.value:g}: {d.deficit_pct:.1f} % worse "
+                   f"than its own {d.baseline_kind} baseline {d.baseline:g} (FAIL above "
+                   f"{d.fail_pct:g} %)", d.name)
+
+
+def _lemon_finding(lemon: Lemon, gpu: figs.GpuRef) -> Finding:
+    return Finding("lemon", "FAIL", ",".join(lemon.checks), gpu,
+                   f"{_gpu_text(gpu)}{lemon.uuid} failed in {lemon.failed_runs} of the last "
+                   f"{lemon.window} runs ({', '.join(lemon.checks)}): replace it")
+
+
+def _gpus_by_uuid(hosts: list[HostEntry]) -> dict[str, tuple[str, figs.GpuRef]]:
+    """GPU UUID → (host, GPU) as this run's reports name it."""
+    found: dict[str, tuple[str, figs.GpuRef]] = {}
+    for entry in hosts:
+        for chk in (entry.report or {}).get("checks", []):
+            for r in chk["results"]:
+                ref = figs.GpuRef.from_device(r.get("device"))
+                if ref is not None and ref.uuid:
+                    found.setdefault(ref.uuid, (entry.host, ref))
+    return found
+
+
+def _add_findings(hosts: list[HostEntry], kind: str, found: list[tuple[str, Finding]]) -> None:
+    """List each finding on its host (replacing earlier ones of this kind) and raise the host's
+    status by it."""
+    by_host = {h.host: h for h in hosts}
+    for entry in hosts:
+        entry.findings = [f for f in entry.findings if f.kind != kind]
+    for host, finding in found:
+        if host in by_host:
+            by_host[host].findings.append(finding)
+    _fold(hosts, ((host, f.status) for host, f in found))
+
+
+def finished_at(report: dict[str, Any]) -> float | None:
+    """When a report's run finished (Unix time), None without a readable start time."""
+    try:
+        started = dt.datetime.fromisoformat(report["started_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=dt.UTC)
+    return started.timestamp() + float(report.get("duration_s") or 0.0)
+
+
 def _fold(hosts: list[HostEntry], verdicts: Iterable[tuple[str, str]]) -> None:
     """Raise host statuses by fleet-level verdicts (host, "FAIL" | "WARN")."""
     worst: dict[str, str] = {}
@@ -186,7 +265,8 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
         report = {**item.report, "host": item.host}
         entries[item.host] = HostEntry(
             item.host, _host_status(report), host_errors.get(item.host), item.report["host"],
-            report["profile"]["name"], dict(report["summary"]), report=report)
+            report["profile"]["name"], dict(report["summary"]), report=report,
+            report_finished_at=finished_at(report))
     for host in [*(expected_hosts or ()), *host_errors]:
         if host not in entries:
             entries[host] = HostEntry(host, "MISSING", host_errors.get(host) or "no report")
@@ -214,9 +294,9 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
     groups = strag.group(figures, profile_of.__getitem__)
     stats, stragglers = strag.find(groups, straggler_pct)
-    _fold(hosts, ((s.host, s.status) for s in stragglers))
+    _add_findings(hosts, "straggler", [(s.host, _straggler_finding(s)) for s in stragglers])
     digest_analysis = digests_.analyse(hosts)
-    _fold(hosts, ((odd.host, odd.status) for odd in digest_analysis.odd))
+    _add_findings(hosts, "digest", [(odd.host, _digest_finding(odd)) for odd in digest_analysis.odd])
 
     if run_id is None:
         ids = Counter(h.report.get("run_id") for h in hosts if h.report and h.report.get("run_id"))

@@ -9,6 +9,27 @@ from typing import Any
 
 from checks.fleet.figures import GpuRef
 
+FINDING_KINDS = ("digest", "straggler", "drift", "lemon")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A fleet-level verdict on one host that its own report cannot give: its GPU computes other
+    bits than the fleet (digest), is well below its peers (straggler) or its own history (drift),
+    or keeps failing run after run (lemon). `reason` is one line, fit for a drain reason."""
+
+    kind: str  # one of FINDING_KINDS
+    status: str  # "FAIL" or "WARN"
+    check: str  # the check the finding is about ("reference-digest", "gpu-matmul", ...)
+    gpu: GpuRef | None
+    reason: str
+    figure: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "status": self.status, "check": self.check,
+                "figure": self.figure, "gpu": self.gpu.to_dict() if self.gpu else None,
+                "reason": self.reason}
+
 
 @dataclass
 class HostEntry:
@@ -20,11 +41,16 @@ class HostEntry:
     summary: dict[str, int] | None = None
     problems: list[str] = field(default_factory=list)  # check ids with FAIL/ERROR/WARN results
     report: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)  # fleet-level verdicts on this host
+    # When its newest report finished (Unix time): this run's report, else the last one the
+    # history holds; None when no report of it was ever seen.
+    report_finished_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason,
                 "hostname": self.hostname, "profile": self.profile, "summary": self.summary,
-                "problems": self.problems}
+                "problems": self.problems, "findings": [f.to_dict() for f in self.findings],
+                "report_finished_at": self.report_finished_at}
 
 
 @dataclass(frozen=True)

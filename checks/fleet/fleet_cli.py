@@ -3,8 +3,8 @@
     python -m checks.fleet report reports/2025-06-01T10-00 --inventory inventory \\
         --html reports/2025-06-01T10-00/fleet.html --prometheus-dir /var/lib/node_exporter
 
-Exit codes: 0 every host PASS or WARN, 1 any host FAIL/ERROR/MISSING (a straggler FAIL included),
-2 bad usage or input.
+Exit codes: 0 every host PASS or WARN, 1 any host FAIL/ERROR/MISSING (a FAIL finding included:
+straggler, drift, digest mismatch, lemon), 2 bad usage or input.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from checks.fleet import ansible_inventory as inventory
 from checks.fleet import crosshost_plan as crosshost
 from checks.fleet import fleet_junit as junit
 from checks.fleet import fleet_terminal as terminal
+from checks.fleet import load as loader
 from checks.fleet.aggregate import Fleet
 
 EXIT_USAGE = 2
@@ -59,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", metavar="FILE", help="write the self-contained HTML report")
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML (a test suite per host)")
     r.add_argument("--prometheus-dir", metavar="DIR",
-                   help="write nodecert-<host>.prom and nodecert-fleet.prom (node_exporter textfiles)")
+                   help="write nodecert-fleet.prom, the bounded fleet summary (a node_exporter "
+                        "textfile); each node publishes its own metrics with python -m checks "
+                        "--prometheus FILE")
+    r.add_argument("--prometheus-host-files", action="store_true",
+                   help="also write nodecert-<host>.prom per host into --prometheus-dir (the old "
+                        "layout: one scrape carries every host's series; small fleets only)")
     r.add_argument("--history", metavar="DB",
                    help="SQLite run history to append to and find lemons in "
                         "(default: history.sqlite beside DIR, i.e. reports/history.sqlite)")
@@ -112,27 +118,69 @@ def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
         console.print(f"  bad link: {' <-> '.join(link)}", highlight=False)
 
 
+def _aggregate(found: list[loader.HostReport], directory: Path, expected: list[str] | None,
+               errors: dict[str, str], run_id: str | None) -> Fleet:
+    fleet = aggregate.aggregate(found, expected_hosts=expected, host_errors=errors, run_id=run_id,
+                                source=str(directory))
+    if fleet.run_id is None:
+        fleet.run_id = directory.name
+    return fleet
+
+
+def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostReport],
+                  directory: Path, expected: list[str] | None, errors: dict[str, str],
+                  args: argparse.Namespace) -> Fleet:
+    """Key the run by what it holds (history.run_key); a host whose report was already counted in
+    an earlier run, or (without an inventory) that reported in one of the last --lemon-runs runs
+    and not now, has no fresh report: MISSING, with the run it last reported in. Then drift,
+    record, lemons."""
+    key, as_read = store.run_key(fleet), fleet
+    gone = {h: f"no fresh report: its report was already counted in run {run}"
+            for h, run in store.stale_reports(fleet, key).items()}
+    if expected is None:
+        present = {h.host for h in fleet.hosts}
+        gone.update({h: f"no report since run {run}"
+                     for h, run in store.recent_hosts(args.lemon_runs, before=key).items()
+                     if h not in present})
+    if gone:
+        hostnames = {h.host: h.hostname for h in fleet.hosts}
+        fleet = _aggregate([f for f in found if f.host not in gone], directory,
+                           [*(expected or ()), *gone], {**gone, **errors}, fleet.run_id)
+        for entry in fleet.hosts:
+            entry.hostname = entry.hostname or hostnames.get(entry.host)
+    last = store.last_reports(h.host for h in fleet.hosts if h.report is None)
+    for entry in fleet.hosts:
+        if entry.report is None:
+            entry.report_finished_at = last.get(entry.host)
+    fleet.history_run = key
+    try:
+        fleet.set_drift(drift.find(fleet, store, run_id=key))
+    except drift.DriftConfigError as exc:
+        raise UsageError(str(exc)) from None
+    store.record(fleet, key, reports_of=as_read)
+    fleet.set_lemons(store.lemons(args.lemon_failures, args.lemon_runs))
+    return fleet
+
+
 def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     directory = Path(args.directory)
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
     if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
         raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
+    if args.prometheus_host_files and not args.prometheus_dir:
+        raise UsageError("--prometheus-host-files needs --prometheus-dir")
     expected, errors = _expected(args), _host_errors(args.host_errors)
     cross = crosshost.merge(directory)
-    fleet: Fleet = aggregate.load(directory, expected_hosts=expected, host_errors=errors,
-                                  run_id=args.run_id)
+    with loader.gc_paused():
+        found = list(loader.read_dir(directory))
+    fleet: Fleet = _aggregate(found, directory, expected, errors, args.run_id)
     if not fleet.hosts:
         raise UsageError(f"no host reports (*.json) in {directory} and no expected hosts")
     if not args.no_history:
         db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
         with history.History(db) as store:
-            try:
-                fleet.set_drift(drift.find(fleet, store))
-            except drift.DriftConfigError as exc:
-                raise UsageError(str(exc)) from None
-            store.record(fleet)
-            fleet.lemons = store.lemons(args.lemon_failures, args.lemon_runs)
+            fleet = _with_history(fleet, store, found, directory, expected, errors, args)
     outputs = []
     if args.json:
         path = Path(args.json)
@@ -148,7 +196,8 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.prometheus_dir:
         from checks.render import prometheus
 
-        outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir))
+        outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir,
+                                              host_files=args.prometheus_host_files))
     if not args.quiet:
         terminal.render(fleet, console, verbose=args.verbose)
         if cross is not None:

@@ -1,5 +1,6 @@
 """Fleet JUnit XML: render/junit.py's suites (one per host report), plus what only the fleet
-knows: a failing `straggler` test case in the host's suite, and a suite with an erroring `report`
+knows: a test case per finding (straggler, drift, digest, lemon) in the host's suite, failing
+for a FAIL finding, and a suite with an erroring `report`
 test case for each host whose report is missing or unreadable."""
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ def _bump(suite: ET.Element, attr: str) -> None:
 def to_xml(fleet: Fleet) -> ET.Element:
     root = junit.to_xml(fleet.reports)
     suites = {s.get("name"): s for s in root.iter("testsuite")}
-    for s in fleet.stragglers:
-        suite = suites[s.host]
-        where = s.gpu.label() if s.gpu else "host"
-        case = ET.SubElement(suite, "testcase", classname=f"{s.host}.fleet",
-                             name=f"straggler {s.check}/{s.name} {where}", time="0")
-        message = (f"{s.name} {s.value:g} is {s.deficit_pct:.1f} % from the fleet median "
-                   f"{s.median:g} (limit {s.threshold_pct:g} %)")
-        if s.status == "FAIL":
-            ET.SubElement(case, "failure", message=message, type="straggler").text = message
-            _bump(suite, "failures")
-        else:
-            ET.SubElement(ET.SubElement(case, "properties"), "property", name="status", value="WARN")
-            ET.SubElement(case, "system-out").text = message
-        _bump(suite, "tests")
+    for h in fleet.hosts:
+        for f in h.findings if h.host in suites else ():
+            suite = suites[h.host]
+            where = f.gpu.label() if f.gpu else "host"
+            what = f"{f.check}/{f.figure}" if f.figure else f.check
+            case = ET.SubElement(suite, "testcase", classname=f"{h.host}.fleet",
+                                 name=f"{f.kind} {what} {where}", time="0")
+            if f.status == "FAIL":
+                ET.SubElement(case, "failure", message=f.reason, type=f.kind).text = f.reason
+                _bump(suite, "failures")
+            else:
+                ET.SubElement(ET.SubElement(case, "properties"), "property", name="status", value="WARN")
+                ET.SubElement(case, "system-out").text = f.reason
+            _bump(suite, "tests")
     for h in fleet.hosts:
         if h.report is None:
             suite = ET.SubElement(root, "testsuite", name=h.host, tests="1", failures="0",

@@ -22,14 +22,13 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
     hosts = fleet.hosts if verbose else [h for h in fleet.hosts if h.status != "PASS"]
     if hosts:
         table = Table(title=f"hosts{'' if verbose else ' not passing'}", expand=False)
-        for col in ("host", "status", "profile", "checks not passed", "note"):
+        for col in ("host", "status", "profile", "checks not passed, findings", "note"):
             table.add_column(col, overflow="fold")
-        slow: dict[str, list[str]] = {}
-        for s in fleet.stragglers:
-            slow.setdefault(s.host, []).append(f"{s.name} straggler")
         for h in hosts:
-            table.add_row(h.host, _status(h.status), h.profile or "",
-                          ", ".join([*h.problems, *slow.get(h.host, [])]), h.reason or "")
+            found = [" ".join(filter(None, (f.kind, f.gpu.label() if f.gpu else None, f.figure)))
+                     for f in h.findings]
+            table.add_row(h.host, _status(h.status), h.profile or "", ", ".join([*h.problems, *found]),
+                          h.reason or "")
         console.print(table)
 
     if fleet.by_check:

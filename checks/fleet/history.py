@@ -5,9 +5,20 @@ Each fleet run appends: one row per GPU seen (host, UUID, index, worst status); 
 straggler verdicts included as check `straggler:<check>/<figure>`, and a host without a readable
 report as check `report`; and every figure value. Passing results are not stored one by one: the
 reports themselves stay in reports/<run-id>/, and 1 000 hosts would add ~20 MB per run.
-Recording a run id again replaces that run. Drift verdicts (drift.py) are stored like straggler
-ones, as check `drift:<check>/<figure>`, and digest mismatches (digest.py) as check `digest`, so a
-GPU that keeps drifting or computing other bits becomes a lemon too.
+One row per host with a readable report keeps which report it was (its own run id and start
+time) and when it finished: the hosts of the last runs, and when each last reported, for the
+hosts whose report stopped coming (fleet_cli), and the identity of each report.
+
+A run is keyed by what it holds, not by the directory it was read from: its key is the run id,
+and a fingerprint of its reports (host, report run id, start time) tells a run recorded again
+(same reports: it replaces the earlier recording) from a new run that reuses the run id or the
+directory (other reports: recorded beside it as `<run id>@<newest report's start>`; run_key). A
+report already counted in an earlier run (a host that stopped reporting into a reused directory
+leaves its old file behind) is not counted again: stale_reports names those hosts.
+
+Drift verdicts (drift.py) are stored like straggler ones, as check `drift:<check>/<figure>`, and
+digest mismatches (digest.py) as check `digest`, so a GPU that keeps drifting or computing other
+bits becomes a lemon too.
 
 Several verify runs may record at once, and a run may be killed mid-write: the database runs in
 WAL mode with a busy timeout, and each run is written in one `BEGIN IMMEDIATE` transaction (the
@@ -23,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
+import json
 import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -69,6 +82,15 @@ CREATE TABLE IF NOT EXISTS figures (
     name     TEXT NOT NULL,
     value    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS hosts (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    host          TEXT NOT NULL,
+    report_run_id TEXT NOT NULL,  -- the run id inside the report ("" when it has none)
+    started_at    TEXT NOT NULL,
+    finished_at   REAL            -- Unix time, NULL without a readable start time
+);
+CREATE INDEX IF NOT EXISTS hosts_by_run ON hosts(run_id);
+CREATE INDEX IF NOT EXISTS hosts_by_report ON hosts(host, report_run_id, started_at);
 CREATE INDEX IF NOT EXISTS gpus_by_uuid ON gpus(gpu_uuid);
 CREATE INDEX IF NOT EXISTS gpus_by_run ON gpus(run_id);
 CREATE INDEX IF NOT EXISTS results_by_gpu ON results(gpu_uuid, status);
@@ -96,6 +118,32 @@ SELECT lemon.gpu_uuid, failed_runs,
 FROM lemon JOIN runs ON runs.seq = lemon.last_seq
 ORDER BY failed_runs DESC, lemon.gpu_uuid
 """
+
+
+ReportId = tuple[str, str, str]  # (host, the report's own run id or "", its start time)
+
+
+def report_ids(fleet: Fleet) -> dict[str, ReportId]:
+    """Host → the identity of its readable report in this fleet run."""
+    return {h.host: (h.host, str(h.report.get("run_id") or ""), str(h.report.get("started_at") or ""))
+            for h in fleet.hosts if h.report is not None}
+
+
+def fingerprint(fleet: Fleet, run_id: str) -> str:
+    """What a run holds: its run id and the identity of every readable report."""
+    text = json.dumps([run_id, sorted(report_ids(fleet).values())])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _compact(stamp: str) -> str:
+    """2026-12-01T16:30:05.123+00:00 → 20261201T163005Z (a run key suffix)."""
+    try:
+        when = dt.datetime.fromisoformat(stamp)
+    except (TypeError, ValueError):
+        return "".join(c for c in str(stamp) if c.isalnum())[:20] or "run"
+    if when.tzinfo is not None:
+        when = when.astimezone(dt.UTC)
+    return when.strftime("%Y%m%dT%H%M%SZ")
 
 
 def _worst(a: str, b: str) -> str:
@@ -126,6 +174,9 @@ def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
             yield "results", (run_id, entry.host, check_id, uuid, index, status, message)
         if entry.report is None:
             yield "results", (run_id, entry.host, "report", None, None, "ERROR", entry.reason)
+        else:
+            yield "hosts", (run_id, entry.host, str(entry.report.get("run_id") or ""),
+                            str(entry.report.get("started_at") or ""), entry.report_finished_at)
     for s in fleet.stragglers:
         yield "results", (run_id, s.host, f"straggler:{s.check}/{s.name}", s.gpu.uuid if s.gpu else None,
                           s.gpu.index if s.gpu else None, s.status,
@@ -153,6 +204,9 @@ class History:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     self.db.execute(statement)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+            if "fingerprint" not in columns:  # a history written before runs had fingerprints
+                self.db.execute("ALTER TABLE runs ADD COLUMN fingerprint TEXT")
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[None]:
@@ -174,21 +228,78 @@ class History:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def record(self, fleet: Fleet, run_id: str | None = None) -> str:
-        """Append this run (replacing an earlier recording of the same run id)."""
+    def run_key(self, fleet: Fleet) -> str:
+        """The key this fleet run is recorded under: the key of an earlier recording of the same
+        reports (recording again replaces it), else its run id, else, when that run id is taken
+        by other reports (a reused directory or run id), `<run id>@<newest report's start>`."""
+        base = fleet.run_id or fleet.generated_at
+        print_ = fingerprint(fleet, base)
+        same = self.db.execute("SELECT run_id FROM runs WHERE fingerprint = ? ORDER BY seq DESC",
+                               (print_,)).fetchone()
+        if same:
+            return str(same[0])
+        taken = self.db.execute("SELECT fingerprint FROM runs WHERE run_id = ?", (base,)).fetchone()
+        if taken is None or taken[0] is None:  # new, or recorded before fingerprints: replace
+            return base
+        starts = [h.report.get("started_at") for h in fleet.hosts if h.report is not None]
+        stem = f"{base}@{_compact(max((str(s) for s in starts if s), default=fleet.generated_at))}"
+        key, n = stem, 1
+        while self.db.execute("SELECT 1 FROM runs WHERE run_id = ?", (key,)).fetchone():
+            n += 1
+            key = f"{stem}.{n}"
+        return key
+
+    def stale_reports(self, fleet: Fleet, run_id: str) -> dict[str, str]:
+        """Host → the run its report was already counted in, for each host whose report in this
+        fleet run was recorded under another run (a file left behind in a reused directory)."""
+        out: dict[str, str] = {}
+        for host, (_, report_run, started) in report_ids(fleet).items():
+            row = self.db.execute(
+                "SELECT h.run_id FROM hosts h JOIN runs r USING (run_id) WHERE h.host = ? AND "
+                "h.report_run_id = ? AND h.started_at = ? AND h.run_id != ? ORDER BY r.seq LIMIT 1",
+                (host, report_run, started, run_id)).fetchone()
+            if row:
+                out[host] = str(row[0])
+        return out
+
+    def recent_hosts(self, runs: int, before: str | None = None) -> dict[str, str]:
+        """Host → the last run (of the last `runs` recorded before run `before`) in which it had
+        a report."""
+        where = ("WHERE seq < COALESCE((SELECT seq FROM runs WHERE run_id = ?), 1e18)"
+                 if before is not None else "")
+        query = (f"WITH recent AS (SELECT run_id, seq FROM runs {where} ORDER BY seq DESC LIMIT ?) "
+                 "SELECT h.host, h.run_id FROM hosts h JOIN recent USING (run_id) ORDER BY recent.seq")
+        params = [*([before] if before is not None else []), runs]
+        return {host: str(run) for host, run in self.db.execute(query, params)}
+
+    def last_reports(self, hosts: Iterable[str]) -> dict[str, float]:
+        """Host → when its newest recorded report finished (Unix time), for hosts with one."""
+        out: dict[str, float] = {}
+        for host in hosts:
+            row = self.db.execute("SELECT MAX(finished_at) FROM hosts WHERE host = ?", (host,)).fetchone()
+            if row and row[0] is not None:
+                out[host] = float(row[0])
+        return out
+
+    def record(self, fleet: Fleet, run_id: str | None = None, *, reports_of: Fleet | None = None) -> str:
+        """Append this run (replacing an earlier recording of the same run id). `reports_of`: the
+        fleet as read, before stale reports were set aside, whose reports identify the run."""
         run_id = run_id or fleet.run_id or fleet.generated_at
-        rows: dict[str, list[tuple[Any, ...]]] = {"gpus": [], "results": [], "figures": []}
+        rows: dict[str, list[tuple[Any, ...]]] = {"gpus": [], "results": [], "figures": [], "hosts": []}
         for table, row in _rows(fleet, run_id):
             rows[table].append(row)
         with self._write():
             for table in rows:
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            self.db.execute("INSERT INTO runs (run_id, recorded_at) VALUES (?, ?) "
-                            "ON CONFLICT(run_id) DO UPDATE SET recorded_at = excluded.recorded_at",
-                            (run_id, dt.datetime.now(dt.UTC).isoformat()))
+            self.db.execute("INSERT INTO runs (run_id, recorded_at, fingerprint) VALUES (?, ?, ?) "
+                            "ON CONFLICT(run_id) DO UPDATE SET recorded_at = excluded.recorded_at, "
+                            "fingerprint = excluded.fingerprint",
+                            (run_id, dt.datetime.now(dt.UTC).isoformat(),
+                             fingerprint(reports_of or fleet, fleet.run_id or fleet.generated_at)))
             self.db.executemany("INSERT INTO gpus VALUES (?, ?, ?, ?, ?)", rows["gpus"])
             self.db.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows["results"])
             self.db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?)", rows["figures"])
+            self.db.executemany("INSERT INTO hosts VALUES (?, ?, ?, ?, ?)", rows["hosts"])
         return run_id
 
     def runs(self) -> list[str]:

@@ -1,6 +1,12 @@
 """Prometheus textfile-collector output (`.prom`) for node_exporter.
 
-One file per host (or one for several hosts, every series labelled with `host`), written with
+Two layouts. Each node writes its own file (`python -m checks --prometheus FILE`, every per-GPU
+series of its last run) for its own node_exporter; the controller writes one bounded fleet file
+(`nodecert-fleet.prom`: counts by status, one health series and one report-time series per host,
+and a series per finding only), so that no single scrape carries the whole fleet. The old layout,
+a file per host in the controller's directory, is still written on request (`host_files`).
+
+Files are written with
 prometheus_client's write_to_textfile: to a temporary name in the same directory (not ending in
 .prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
 file or the new one, never half of one. Metric names follow Prometheus conventions: base units
@@ -31,8 +37,12 @@ PREFIX = "nodecert"
 STATUSES = [s.value for s in Status]
 # Every per-GPU series carries the GPU three ways: index (changes when a GPU falls off the bus and
 # the others renumber), PCI address (where it sits: what a technician pulls) and UUID (which board,
-# wherever it moves).
-GPU_LABELS = ["gpu", "pci", "uuid"]
+# wherever it moves); and twice more as NVIDIA's dcgm-exporter spells them (`UUID`, and
+# `pci_bus_id` with an 8-hex domain in upper case: 00000000:1B:00.0), so that PromQL, which cannot
+# change case, joins our series with DCGM's (docs/prometheus.md).
+GPU_LABELS = ["gpu", "pci", "uuid", "UUID", "pci_bus_id"]
+GpuLabels = tuple[str, str, str, str, str]
+HEALTHY = ("PASS", "WARN")  # fleet host statuses that count as healthy
 RESULT_LABELS = ["host", "check", "code", "fault_code", *GPU_LABELS]
 
 # Figure-name suffix → (metric suffix, factor to the base unit, what the unit is)
@@ -74,15 +84,34 @@ def _timestamp(report: dict[str, Any]) -> float:
     return started.timestamp() + float(report.get("duration_s") or 0.0)
 
 
-def _gpu_labels(dev: dict[str, Any] | None) -> tuple[str, str, str]:
-    """(index, PCI address, UUID) of a device dict, "" for what it does not name."""
+PCI_ADDRESS = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def dcgm_pci_bus_id(pci: str) -> str:
+    """A PCI address as dcgm-exporter's `pci_bus_id` spells it (NVML's busId): 0000:1b:00.0 →
+    00000000:1B:00.0; "" stays "", an address of another shape is passed on upper-cased."""
+    found = PCI_ADDRESS.match(pci.strip())
+    if not found:
+        return pci.upper()
+    domain, bus, dev, fn = found.groups()
+    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(dev, 16):02X}.{fn}"
+
+
+def _gpu_labels(dev: dict[str, Any] | None) -> GpuLabels:
+    """(index, PCI address, UUID, UUID, DCGM bus id) of a device dict, "" for what it lacks."""
     dev = dev or {}
     index = dev.get("index")
-    return ("" if index is None else str(index)), dev.get("pci") or "", dev.get("uuid") or ""
+    pci, uuid = dev.get("pci") or "", dev.get("uuid") or ""
+    return ("" if index is None else str(index)), pci, uuid, uuid, dcgm_pci_bus_id(pci)
 
 
-def _device_labels(result: dict[str, Any]) -> tuple[str, str, str]:
+def _device_labels(result: dict[str, Any]) -> GpuLabels:
     return _gpu_labels(result.get("device"))
+
+
+def _ref_labels(gpu: Any) -> GpuLabels:
+    """The labels of a GpuRef (fleet findings), "" throughout for a host-level one."""
+    return _gpu_labels(gpu.to_dict() if gpu else None)
 
 
 def fault_code(result: dict[str, Any], check_code: str) -> str:
@@ -97,11 +126,15 @@ def fault_code(result: dict[str, Any], check_code: str) -> str:
 
 
 class ReportCollector(Collector):
-    """Metrics of host reports (`host` label from the report) and, optionally, of the fleet."""
+    """Metrics of host reports (`host` label from the report) and, optionally, of the fleet.
+    `fleet_status` (host → status in the fleet) makes `nodecert_host_healthy` follow the fleet's
+    verdict on a host rather than its own report's, where the fleet writes the host's file."""
 
-    def __init__(self, reports: Iterable[dict[str, Any]], fleet: Fleet | None = None) -> None:
+    def __init__(self, reports: Iterable[dict[str, Any]], fleet: Fleet | None = None,
+                 fleet_status: dict[str, str] | None = None) -> None:
         self.reports = list(reports)
         self.fleet = fleet
+        self.fleet_status = fleet_status or {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = [*self._host_metrics(), *self._gpu_metrics(), *self._check_metrics(),
@@ -117,7 +150,8 @@ class ReportCollector(Collector):
         duration = GaugeMetricFamily(f"{PREFIX}_run_duration_seconds",
                                      "How long the last nodecert run took.", labels=["host"])
         healthy = GaugeMetricFamily(f"{PREFIX}_host_healthy",
-                                    "1 when every check passed (PASS, WARN or SKIP), else 0.",
+                                    "1 when every check passed (PASS, WARN or SKIP) and, where the "
+                                    "fleet report writes it, no fleet finding FAILs the host; else 0.",
                                     labels=["host", "level", "profile"])
         checks = GaugeMetricFamily(f"{PREFIX}_checks", "Number of checks by status in the last run.",
                                    labels=["host", "status"])
@@ -125,8 +159,9 @@ class ReportCollector(Collector):
             host = r["host"]
             last.add_metric([host], _timestamp(r))
             duration.add_metric([host], float(r.get("duration_s") or 0.0))
-            healthy.add_metric([host, r.get("level") or "", r["profile"]["name"]],
-                               1.0 if r["verdict"] == "PASS" else 0.0)
+            ok = (self.fleet_status[host] in HEALTHY if host in self.fleet_status
+                  else r["verdict"] == "PASS")
+            healthy.add_metric([host, r.get("level") or "", r["profile"]["name"]], 1.0 if ok else 0.0)
             for status in STATUSES:
                 checks.add_metric([host, status], float(r["summary"].get(status, 0)))
         yield from (last, duration, healthy, checks)
@@ -143,7 +178,7 @@ class ReportCollector(Collector):
             labels=[*RESULT_LABELS, "status"])
         for r in self.reports:
             for chk in r["checks"]:
-                worst: dict[tuple[str, str, str], dict[str, Any]] = {}  # worst result per GPU
+                worst: dict[GpuLabels, dict[str, Any]] = {}  # worst result per GPU
                 for res in chk["results"]:
                     key = _device_labels(res)
                     prev = worst.get(key)
@@ -160,7 +195,7 @@ class ReportCollector(Collector):
                                  "model and board serial (join on uuid).",
                                  labels=["host", *GPU_LABELS, "name", "serial"])
         for r in self.reports:
-            seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+            seen: dict[GpuLabels, dict[str, Any]] = {}
             for chk in r["checks"]:
                 for res in chk["results"]:
                     dev = res.get("device") or {}
@@ -191,46 +226,79 @@ class ReportCollector(Collector):
         yield from families.values()
 
     def _fleet_metrics(self, fleet: Fleet) -> Iterator[GaugeMetricFamily]:
-        last = GaugeMetricFamily(f"{PREFIX}_fleet_last_run_timestamp_seconds",
-                                 "When the last fleet report was generated (Unix time).")
-        last.add_metric([], _fleet_timestamp(fleet))
-        hosts = GaugeMetricFamily(f"{PREFIX}_fleet_hosts", "Hosts of the last fleet run by status.",
-                                  labels=["status"])
-        for status, count in fleet.summary.items():
-            if status != "hosts":
-                hosts.add_metric([status], float(count))
-        missing = GaugeMetricFamily(f"{PREFIX}_fleet_host_missing",
-                                    "1 for a host with no readable report in the last fleet run.",
-                                    labels=["host", "status", "reason"])
-        for h in fleet.hosts:
-            if h.status in ("ERROR", "MISSING"):
-                missing.add_metric([h.host, h.status, h.reason or ""], 1.0)
-        slow = GaugeMetricFamily(f"{PREFIX}_straggler_deficit_ratio",
-                                 "How far a straggler is below the fleet median of its peers.",
-                                 labels=["host", "check", "figure", *GPU_LABELS, "status"])
-        for s in fleet.stragglers:
-            slow.add_metric([s.host, s.check, s.name, *_gpu_labels(s.gpu.to_dict() if s.gpu else None),
-                             s.status], s.deficit_pct / 100)
-        lemons = GaugeMetricFamily(f"{PREFIX}_lemon_failed_runs",
-                                   "Recent runs in which this GPU failed (listed when a lemon); "
-                                   "host lists every host it failed on, gpu and pci where it is now.",
-                                   labels=["uuid", "host", "gpu", "pci"])
-        where = self._gpus_by_uuid()
-        for lemon in fleet.lemons:
-            index, pci, _ = where.get(lemon.uuid, ("", "", ""))
-            lemons.add_metric([lemon.uuid, ",".join(lemon.hosts), index, pci], float(lemon.failed_runs))
-        yield from (last, hosts, missing, slow, lemons)
+        yield from fleet_families(fleet)
 
-    def _gpus_by_uuid(self) -> dict[str, tuple[str, str, str]]:
-        """UUID → (index, PCI address, UUID) as the fleet's reports of this run name the GPU."""
-        found: dict[str, tuple[str, str, str]] = {}
-        for r in self.fleet.reports if self.fleet else []:
-            for chk in r["checks"]:
-                for res in chk["results"]:
-                    labels = _device_labels(res)
-                    if labels[2]:
-                        found.setdefault(labels[2], labels)
-        return found
+
+def fleet_families(fleet: Fleet) -> list[GaugeMetricFamily]:
+    """The controller's bounded fleet summary: a few series per host, one per finding; never a
+    per-GPU series of a host without a finding (those stay on the node's own exporter)."""
+    last = GaugeMetricFamily(f"{PREFIX}_fleet_last_run_timestamp_seconds",
+                             "When the last fleet report was generated (Unix time).")
+    last.add_metric([], _fleet_timestamp(fleet))
+    hosts = GaugeMetricFamily(f"{PREFIX}_fleet_hosts", "Hosts of the last fleet run by status.",
+                              labels=["status"])
+    for status, count in fleet.summary.items():
+        if status != "hosts":
+            hosts.add_metric([status], float(count))
+    healthy = GaugeMetricFamily(
+        f"{PREFIX}_fleet_host_healthy",
+        "1 when the host is PASS or WARN in the last fleet run (its report and every fleet "
+        "finding: straggler, drift, digest, lemon), else 0; status: its fleet status.",
+        labels=["host", "status"])
+    reported = GaugeMetricFamily(
+        f"{PREFIX}_fleet_host_report_timestamp_seconds",
+        "When the host's newest report finished (Unix time): this run's, else the last one the "
+        "history holds. Stops advancing when its reports stop.", labels=["host"])
+    missing = GaugeMetricFamily(f"{PREFIX}_fleet_host_missing",
+                                "1 for a host with no fresh readable report in the last fleet run.",
+                                labels=["host", "status", "reason"])
+    for h in fleet.hosts:
+        healthy.add_metric([h.host, h.status], 1.0 if h.status in HEALTHY else 0.0)
+        if h.report_finished_at is not None:
+            reported.add_metric([h.host], h.report_finished_at)
+        if h.status in ("ERROR", "MISSING"):
+            missing.add_metric([h.host, h.status, h.reason or ""], 1.0)
+    slow = GaugeMetricFamily(f"{PREFIX}_straggler_deficit_ratio",
+                             "How far a straggler is below the fleet median of its peers.",
+                             labels=["host", "check", "figure", *GPU_LABELS, "status"])
+    for s in fleet.stragglers:
+        slow.add_metric([s.host, s.check, s.name, *_ref_labels(s.gpu), s.status], s.deficit_pct / 100)
+    drift = GaugeMetricFamily(f"{PREFIX}_drift_deficit_ratio",
+                              "How far a figure is below its own GPU's (or host's) baseline from "
+                              "the history, for figures past the WARN limit.",
+                              labels=["host", "check", "figure", *GPU_LABELS, "baseline", "status"])
+    for d in fleet.drifts:
+        drift.add_metric([d.host, d.check, d.name, *_ref_labels(d.gpu), d.baseline_kind,
+                          str(d.status)], d.deficit_pct / 100)
+    digest = GaugeMetricFamily(f"{PREFIX}_digest_mismatch",
+                               "1 for a GPU whose reference digest is not its group's majority "
+                               "(FAIL: other bits than the fleet; WARN: no majority to judge by).",
+                               labels=["host", *GPU_LABELS, "digest", "majority", "status"])
+    for odd in fleet.digests.odd if fleet.digests else ():
+        digest.add_metric([odd.host, *_ref_labels(odd.gpu), odd.digest[:16],
+                           (odd.majority or "")[:16], odd.status], 1.0)
+    lemons = GaugeMetricFamily(f"{PREFIX}_lemon_failed_runs",
+                               "Recent runs in which this GPU failed (listed when a lemon); "
+                               "host lists every host it failed on, gpu and pci where it is now.",
+                               labels=["uuid", "host", "gpu", "pci", "UUID", "pci_bus_id"])
+    where = _gpus_by_uuid(fleet) if fleet.lemons else {}
+    for lemon in fleet.lemons:
+        index, pci, _, _, bus_id = where.get(lemon.uuid, ("", "", "", "", ""))
+        lemons.add_metric([lemon.uuid, ",".join(lemon.hosts), index, pci, lemon.uuid, bus_id],
+                          float(lemon.failed_runs))
+    return [last, hosts, healthy, reported, missing, slow, drift, digest, lemons]
+
+
+def _gpus_by_uuid(fleet: Fleet) -> dict[str, GpuLabels]:
+    """UUID → the GPU's labels as the fleet's reports of this run name it."""
+    found: dict[str, GpuLabels] = {}
+    for r in fleet.reports:
+        for chk in r["checks"]:
+            for res in chk["results"]:
+                labels = _device_labels(res)
+                if labels[2]:
+                    found.setdefault(labels[2], labels)
+    return found
 
 
 def _fleet_timestamp(fleet: Fleet) -> float:
@@ -240,20 +308,37 @@ def _fleet_timestamp(fleet: Fleet) -> float:
         return 0.0
 
 
-def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None) -> Path:
+def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None,
+          fleet_status: dict[str, str] | None = None) -> Path:
     """Write the reports' metrics (and the fleet's, if given) to `path` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReportCollector(reports, fleet))
+    registry.register(ReportCollector(reports, fleet, fleet_status))
     write_to_textfile(str(path), registry)
     return path
 
 
-def write_fleet(fleet: Fleet, directory: str | Path) -> list[Path]:
-    """<directory>/nodecert-<host>.prom for each host with a report, and nodecert-fleet.prom with
-    the fleet metrics (one node_exporter on the control machine can serve the whole directory)."""
+FLEET_FILE = "nodecert-fleet.prom"
+
+
+def host_file(host: str) -> str:
+    return f"nodecert-{host}.prom"
+
+
+def write_fleet(fleet: Fleet, directory: str | Path, *, host_files: bool = False) -> list[Path]:
+    """<directory>/nodecert-fleet.prom: the bounded fleet summary. With `host_files`, also the old
+    layout's nodecert-<host>.prom for each host with a fresh report (its `nodecert_host_healthy`
+    following the fleet's verdict); without, the host files an earlier run left there are
+    removed, so that the directory holds the fleet summary alone."""
     directory = Path(directory)
-    paths = [write([r], directory / f"nodecert-{r['host']}.prom") for r in fleet.reports]
-    paths.append(write([], directory / "nodecert-fleet.prom", fleet))
+    paths = [write([], directory / FLEET_FILE, fleet)]
+    if host_files:
+        status = {h.host: h.status for h in fleet.hosts}
+        paths.extend(write([r], directory / host_file(r["host"]), fleet_status=status)
+                     for r in fleet.reports)
+    else:
+        for old in directory.glob("nodecert-*.prom"):
+            if old.name != FLEET_FILE:
+                old.unlink(missing_ok=True)
     return paths

@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -25,6 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from checks.fleet import fleet_cli, synthetic
 from checks.fleet.synthetic import Broken
+from checks.render import prometheus
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from drift_fleet import ODD as DIGEST_ODD
+from drift_fleet import add_digests
 
 NODE_EXPORTER = ("prometheus-node-exporter", "node_exporter")  # Debian's name, upstream's
 PROMTOOL = "promtool"
@@ -96,26 +102,41 @@ class NodeExporter:
 FLEET_HOSTS = [synthetic.host_name(i) for i in range(12)]
 FLEET_SLOW = [synthetic.Slow("node0007", "matmul_bf16_tflops", 0.8, gpu=3)]
 FLEET_BROKEN = [Broken("node0004", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC errors")]
-FLEET_QUIET = "node0009"  # reports in run 1, not in run 2
+FLEET_QUIET = "node0009"  # reports in run 1, not in run 2: its node's file stays, two days old
+FLEET_GONE = "node0010"   # reports in run 1, then vanishes: no report, its node's file deleted
+FLEET_ODD = ("node0002", 6)  # computes another reference digest in run 2 (its own report: PASS)
 
 
-def two_fleet_runs(work: Path, base: dict[str, Any], textfiles: Path) -> dict[str, Any]:
-    """Two fleet runs of 12 hosts through `python -m checks.fleet report --prometheus-dir`: a FAIL
-    straggler GPU and a failed ECC check in both (so both GPUs become lemons), and a host whose
-    report stopped coming in run 2, two days later (run 2 is now). Returns run 2's fleet JSON."""
-    inventory = ",".join(FLEET_HOSTS)
+def two_fleet_runs(work: Path, base: dict[str, Any], textfiles: Path,
+                   nodes: Path | None = None) -> dict[str, Any]:
+    """Two fleet runs of 12 hosts: each node writes its own textfile into `nodes` (what
+    `python -m checks --prometheus` does on the node; one directory here stands in for each
+    node's own node_exporter) and `python -m checks.fleet report --prometheus-dir` writes the
+    controller's fleet summary into `textfiles`. Both runs: a FAIL straggler GPU and a failed ECC
+    check (so both GPUs become lemons). Run 2, two days later (now): a GPU computing other bits
+    than the fleet, a host whose reports stopped and one that vanished; run 2 is read without an
+    inventory, so the history names the hosts that should have reported. Returns run 2's fleet
+    JSON."""
     # Anchored to now, not to the base report's own time: a session-scoped base may have been
     # made many minutes before this test runs.
     now = dt.datetime.now(dt.UTC)
+    nodes = nodes or work / "node-textfiles"
     for run in ("run-1", "run-2"):
         reports = synthetic.build(12, base=base, run_id=run, slow=FLEET_SLOW, broken=FLEET_BROKEN)
         started = now - dt.timedelta(days=2) if run == "run-1" else now  # run 2 is now
         for r in reports:
             r["started_at"] = started.isoformat()
+            odd = {FLEET_ODD[1]: DIGEST_ODD} if run == "run-2" and r["host"] == FLEET_ODD[0] else {}
+            add_digests(r, odd)
+        inventory: list[str] = ["--expect-hosts", ",".join(FLEET_HOSTS)]
         if run == "run-2":
-            reports = [r for r in reports if r["host"] != FLEET_QUIET]
+            reports = [r for r in reports if r["host"] not in (FLEET_QUIET, FLEET_GONE)]
+            (nodes / prometheus.host_file(FLEET_GONE)).unlink()
+            inventory = []
+        for r in reports:  # each node publishes its own run
+            prometheus.write([r], nodes / prometheus.host_file(r["host"]))
         directory = synthetic.write(reports, work / run)
-        code = fleet_cli.main(["report", str(directory), "--expect-hosts", inventory,
+        code = fleet_cli.main(["report", str(directory), *inventory,
                                "--history", str(work / "history.sqlite"), "-q",
                                "--prometheus-dir", str(textfiles), "--json", str(work / f"{run}.json")])
         if code != 1:  # a failed host and a FAIL straggler

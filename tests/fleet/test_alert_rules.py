@@ -19,7 +19,16 @@ import yaml
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from promtools import APT_HINT, FLEET_QUIET, NodeExporter, PrometheusServer, two_fleet_runs
+import drift_fleet
+from promtools import (
+    APT_HINT,
+    FLEET_GONE,
+    FLEET_ODD,
+    FLEET_QUIET,
+    NodeExporter,
+    PrometheusServer,
+    two_fleet_runs,
+)
 
 MONITORING = Path(prometheus.__file__).resolve().parents[1] / "monitoring"
 RULES = MONITORING / "alerts.yml"
@@ -62,11 +71,13 @@ def _panel_exprs() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, h100_report) -> set[str]:
-    """Every metric name our output has for a fleet with failures, stragglers, lemons and a
-    missing host: per-host files and the fleet file together."""
+    """Every metric name our output has for a fleet with failures, stragglers, lemons, a digest
+    mismatch and missing hosts: the nodes' own files and the fleet file together."""
     work = tmp_path_factory.mktemp("exported")
-    two_fleet_runs(work, h100_report, work / "textfiles")
-    return {line.split()[2] for f in (work / "textfiles").glob("*.prom")
+    two_fleet_runs(work, h100_report, work / "textfiles", work / "nodes")
+    # and a fleet with a drifting GPU (six runs of history)
+    prometheus.write_fleet(drift_fleet.build(h100_report, work / "drift.sqlite"), work / "drift")
+    return {line.split()[2] for d in ("textfiles", "nodes", "drift") for f in (work / d).glob("*.prom")
             for line in f.read_text().splitlines() if line.startswith("# TYPE ")}
 
 
@@ -158,38 +169,60 @@ def _wait(predicate, what: str, timeout: float = 60.0) -> Any:
 
 def test_prometheus_scrapes_node_exporter_fires_alerts_and_answers_the_dashboard(
         tmp_path, h100_report) -> None:
-    """End to end on loopback: fleet CLI → .prom files → node_exporter → Prometheus → rules."""
-    textfiles = tmp_path / "textfiles"
-    two_fleet_runs(tmp_path, h100_report, textfiles)
-    with NodeExporter(textfiles) as ne, \
-            PrometheusServer(tmp_path, [ne.address], [RULES]) as prom:
+    """End to end on loopback: nodes' own .prom files and the fleet CLI's summary → two
+    node_exporters (the controller's, and one standing in for each node's) → Prometheus → rules."""
+    textfiles, nodes = tmp_path / "textfiles", tmp_path / "nodes"
+    two_fleet_runs(tmp_path, h100_report, textfiles, nodes)
+    with NodeExporter(textfiles) as controller, NodeExporter(nodes) as node_side, \
+            PrometheusServer(tmp_path, [controller.address, node_side.address], [RULES]) as prom:
         def firing() -> dict[str, list[dict[str, str]]]:
             found: dict[str, list[dict[str, str]]] = {}
             for a in prom.alerts():
                 if a["state"] == "firing":
                     found.setdefault(a["labels"]["alertname"], []).append(a["labels"])
             want = {"NodecertCheckFailed", "NodecertStragglerGPU", "NodecertLemonGPU",
-                    "NodecertHostReportMissing"}
+                    "NodecertHostReportMissing", "NodecertFleetHostsFailed",
+                    "NodecertFleetHostUnhealthy", "NodecertDigestMismatch"}
             return found if want <= found.keys() else {}
 
         alerts = _wait(firing, "the alerts to fire")
         [failed] = alerts["NodecertCheckFailed"]
         assert (failed["host"], failed["check"], failed["gpu"], failed["fault_code"]) == (
             "node0004", "ecc-errors", "5", "GPU002")
-        assert failed["pci"] and failed["uuid"].startswith("GPU-")
+        assert failed["pci"] and failed["uuid"].startswith("GPU-") and failed["UUID"] == failed["uuid"]
         [slow] = alerts["NodecertStragglerGPU"]
         assert (slow["host"], slow["gpu"], slow["figure"]) == ("node0007", "3", "matmul_bf16_tflops")
         assert len(alerts["NodecertLemonGPU"]) == 2
-        assert [a["host"] for a in alerts["NodecertHostReportMissing"]] == [FLEET_QUIET]
-        # node0009's last report is two days old: the rule's expression names it alone (its
-        # `for: 10m` keeps the alert itself pending for the length of this test)
+        assert sorted(a["host"] for a in alerts["NodecertHostReportMissing"]) == [FLEET_QUIET, FLEET_GONE]
+        # node0002's own report passes; the fleet's digest finding FAILs it, and says so
+        [odd] = alerts["NodecertDigestMismatch"]
+        assert (odd["host"], odd["gpu"]) == tuple(map(str, FLEET_ODD))
+        assert sorted(a["host"] for a in alerts["NodecertFleetHostUnhealthy"]) == [
+            FLEET_ODD[0], "node0004", "node0007"]
+        [count] = alerts["NodecertFleetHostsFailed"]
+        assert count["status"] == "FAIL"
+        own = prom.query(f'nodecert_host_healthy{{host="{FLEET_ODD[0]}"}}')
+        assert [s["value"][1] for s in own] == ["1"]
+        # node0009's own file is two days old: the node-side rule names it alone; node0010's file
+        # is gone, so only the controller's series can still name it (both rules' `for: 10m`
+        # keep the alerts pending for the length of this test)
         [expr] = [r["expr"] for r in _rules() if r["alert"] == "NodecertReportsStopped"]
         stale = prom.query(expr)
         assert [s["metric"]["host"] for s in stale] == [FLEET_QUIET]
         assert float(stale[0]["value"][1]) == pytest.approx(2 * 86400, abs=600)
-        pending = [a for a in prom.alerts() if a["labels"]["alertname"] == "NodecertReportsStopped"]
-        assert [(a["labels"]["host"], a["state"]) for a in pending] == [(FLEET_QUIET, "pending")]
-        assert "NodecertTextfileUnreadable" not in alerts
+        [expr] = [r["expr"] for r in _rules() if r["alert"] == "NodecertHostReportStale"]
+        assert sorted(s["metric"]["host"] for s in prom.query(expr)) == [FLEET_QUIET, FLEET_GONE]
+
+        def pending() -> list[tuple[str, str, str]]:
+            got = sorted((a["labels"]["alertname"], a["labels"]["host"], a["state"]) for a in prom.alerts()
+                         if a["labels"]["alertname"] in ("NodecertReportsStopped", "NodecertHostReportStale"))
+            return got if len(got) == 3 else []
+
+        assert _wait(pending, "the staleness alerts") == [
+            ("NodecertHostReportStale", FLEET_QUIET, "pending"),
+            ("NodecertHostReportStale", FLEET_GONE, "pending"),
+            ("NodecertReportsStopped", FLEET_QUIET, "pending")]
+        assert "NodecertTextfileUnreadable" not in alerts and "NodecertFleetSummaryGone" not in alerts
 
         for title, expr in _panel_exprs():
             result = prom.query(expr.replace('"$host"', '".*"'))

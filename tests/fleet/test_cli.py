@@ -54,6 +54,7 @@ def test_every_output(tmp_path, h100_report, fleet_schema, capsys) -> None:
             str(out / "fleet.xml"),
             "--prometheus-dir",
             str(out / "prom"),
+            "--prometheus-host-files",
             "--history",
             str(out / "h.sqlite"),
         ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import os
+import re
 import sys
 import threading
 import time
@@ -22,7 +23,16 @@ from checks.fleet.synthetic import Broken
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from promtools import APT_HINT, NodeExporter, node_exporter_binary, samples, two_fleet_runs
+from promtools import (
+    APT_HINT,
+    FLEET_GONE,
+    FLEET_ODD,
+    FLEET_QUIET,
+    NodeExporter,
+    node_exporter_binary,
+    samples,
+    two_fleet_runs,
+)
 
 ECC = Broken("node0001", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
 
@@ -76,7 +86,11 @@ def test_one_host_scraped_with_every_label(textfiles, exporter, h100_report) -> 
     assert ecc.value == 1.0
     assert ecc.labels == {"host": "node0001", "check": "ecc-errors", "code": "GPU002",
                           "fault_code": "GPU002", "gpu": "5", "pci": dev["pci"], "uuid": dev["uuid"],
+                          "UUID": dev["uuid"], "pci_bus_id": prometheus.dcgm_pci_bus_id(dev["pci"]),
                           "status": "FAIL"}
+    # dcgm-exporter's spelling: an 8-hex domain, upper case (PromQL joins need the same bytes)
+    assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", ecc.labels["pci_bus_id"])
+    assert ecc.labels["pci_bus_id"].lower().endswith(dev["pci"].lower())
     healthy_ecc = _one(families["nodecert_check_status"], check="ecc-errors", gpu="4")
     assert (healthy_ecc.labels["status"], healthy_ecc.labels["fault_code"]) == ("PASS", "")
     assert healthy_ecc.labels["pci"] == _device(report, "ecc-errors", 4)["pci"]
@@ -187,29 +201,44 @@ def test_an_in_place_rewrite_is_caught_half_read(textfiles, exporter, h100_repor
 
 def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h100_report) -> None:
     """Two fleet runs through `python -m checks.fleet report`: a straggler GPU, a lemon (the same
-    GPU failing in both runs), and a host whose report stopped coming in run 2."""
-    fleet = two_fleet_runs(tmp_path, h100_report, textfiles)
+    GPU failing in both runs), a GPU computing other bits than the fleet, a host whose reports
+    stopped and one that vanished. The controller's exporter serves the bounded fleet summary;
+    the nodes' own files (one exporter standing in for each node's) serve the per-GPU series."""
+    nodes = tmp_path / "nodes"
+    fleet = two_fleet_runs(tmp_path, h100_report, textfiles, nodes)
     families = _families(exporter.scrape())
     _no_textfile_error(families)
-    assert len(families["node_textfile_mtime_seconds"]) == 13  # 12 hosts + nodecert-fleet.prom
+    [mtime] = families["node_textfile_mtime_seconds"]  # the fleet summary alone
+    assert mtime.labels["file"].endswith("nodecert-fleet.prom")
+    assert "nodecert_check_status" not in families and "nodecert_gpu_info" not in families
 
     hosts_by_status = {s.labels["status"]: s.value for s in families["nodecert_fleet_hosts"]}
     assert hosts_by_status == {k: float(v) for k, v in fleet["summary"].items() if k != "hosts"}
-    assert hosts_by_status["MISSING"] == 1.0
-    assert _one(families["nodecert_fleet_host_missing"], host="node0009").labels["status"] == "MISSING"
+    assert hosts_by_status["MISSING"] == 2.0
+    missing = {s.labels["host"]: s.labels for s in families["nodecert_fleet_host_missing"]}
+    assert sorted(missing) == [FLEET_QUIET, FLEET_GONE]
+    assert missing[FLEET_GONE]["reason"] == "no report since run run-1"
+    healthy = {s.labels["host"]: (s.labels["status"], s.value)
+               for s in families["nodecert_fleet_host_healthy"]}
+    assert len(healthy) == 12
+    assert healthy[FLEET_ODD[0]] == ("FAIL", 0.0)  # its own report passed: the digest finding FAILs it
+    assert healthy["node0000"] == ("PASS", 1.0) and healthy[FLEET_GONE] == ("MISSING", 0.0)
 
-    # node0009's file is the one from run 1: its timestamp is two days behind the others'
-    last = {s.labels["host"]: s.value for s in families["nodecert_last_run_timestamp_seconds"]}
-    assert len(last) == 12
-    assert last["node0008"] - last["node0009"] == pytest.approx(2 * 86400)
+    # the vanished host's node file is gone, yet the fleet keeps its last report time, two days old
+    reported = {s.labels["host"]: s.value for s in families["nodecert_fleet_host_report_timestamp_seconds"]}
+    assert len(reported) == 12
+    assert reported["node0008"] - reported[FLEET_GONE] == pytest.approx(2 * 86400)
 
     report7 = next(r for r in synthetic.build(12, base=h100_report) if r["host"] == "node0007")
     dev = _device(report7, "gpu-matmul", 3)
     straggler = _one(families["nodecert_straggler_deficit_ratio"], host="node0007")
     assert straggler.labels == {"host": "node0007", "check": "gpu-matmul",
                                 "figure": "matmul_bf16_tflops", "gpu": "3", "pci": dev["pci"],
-                                "uuid": dev["uuid"], "status": "FAIL"}
+                                "uuid": dev["uuid"], "UUID": dev["uuid"],
+                                "pci_bus_id": prometheus.dcgm_pci_bus_id(dev["pci"]), "status": "FAIL"}
     assert straggler.value == pytest.approx(0.2, abs=0.03)
+    [odd] = families["nodecert_digest_mismatch"]
+    assert (odd.labels["host"], odd.labels["gpu"], odd.labels["status"]) == (*map(str, FLEET_ODD), "FAIL")
 
     # two lemons: node0004's GPU5 failed ECC twice, node0007's GPU3 was a FAIL straggler twice
     dev4 = _device(next(r for r in synthetic.build(12, base=h100_report) if r["host"] == "node0004"),
@@ -218,10 +247,18 @@ def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h1
     assert len(families["nodecert_lemon_failed_runs"]) == 2
     scraped = _one(families["nodecert_lemon_failed_runs"], uuid=dev4["uuid"])
     assert scraped.value == 2.0
-    assert scraped.labels == {"uuid": dev4["uuid"], "host": "node0004", "gpu": "5", "pci": dev4["pci"]}
-    failed = _one(families["nodecert_check_status"], host="node0004", check="ecc-errors", gpu="5")
-    assert (failed.labels["status"], failed.labels["fault_code"]) == ("FAIL", "GPU002")
-
+    assert scraped.labels == {"uuid": dev4["uuid"], "host": "node0004", "gpu": "5", "pci": dev4["pci"],
+                              "UUID": dev4["uuid"], "pci_bus_id": prometheus.dcgm_pci_bus_id(dev4["pci"])}
     generated = dt.datetime.fromisoformat(fleet["generated_at"]).timestamp()
     [fleet_ts] = families["nodecert_fleet_last_run_timestamp_seconds"]
     assert fleet_ts.value == pytest.approx(generated)
+
+    with NodeExporter(nodes) as node_side:
+        per_node = _families(node_side.scrape())
+    _no_textfile_error(per_node)
+    assert len(per_node["node_textfile_mtime_seconds"]) == 11  # the vanished host's file is gone
+    failed = _one(per_node["nodecert_check_status"], host="node0004", check="ecc-errors", gpu="5")
+    assert (failed.labels["status"], failed.labels["fault_code"]) == ("FAIL", "GPU002")
+    # node0009's own file is the one from run 1: its timestamp is two days behind the others'
+    last = {s.labels["host"]: s.value for s in per_node["nodecert_last_run_timestamp_seconds"]}
+    assert last["node0008"] - last[FLEET_QUIET] == pytest.approx(2 * 86400)
