@@ -34,7 +34,7 @@ def conv_bn_net(channels: int = 8) -> nn.Sequential:
 
 def params_of(module: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters and buffers by name, detached copies on the CPU (for gathering and comparing)."""
-    state = dict(module.named_parameters())
+    state: dict[str, torch.Tensor] = dict(module.named_parameters())
     state.update(dict(module.named_buffers()))
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 

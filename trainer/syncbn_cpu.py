@@ -49,6 +49,7 @@ class GlooSyncBatchNorm(_BatchNorm):
         centred = x - mean.view(shape)
         var = _all_reduce_sum((centred * centred).sum(dims), self.group) / total  # biased
         if self.track_running_stats and self.running_mean is not None:
+            assert self.running_var is not None and self.num_batches_tracked is not None
             with torch.no_grad():
                 self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
                 # The running variance is unbiased over the GLOBAL element count.
