@@ -23,7 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from checks.fleet import aggregate, load, synthetic
+from checks.devtools import synthetic
+from checks.fleet import aggregate, load
 
 GOAL_S = 2.0
 

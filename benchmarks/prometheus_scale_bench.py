@@ -5,7 +5,7 @@ layout (a file per host in the controller's directory, every per-GPU series of e
     .venv/bin/python benchmarks/prometheus_scale_bench.py [--hosts 1000,10000] [--old-max 1000]
         [--repeat 3]
 
-For each fleet size: aggregate the synthetic reports (checks.fleet.synthetic: one straggler GPU,
+For each fleet size: aggregate the synthetic reports (checks.devtools.synthetic: one straggler GPU,
 one failed ECC check), write the fleet summary (`write_fleet`, the default layout) and, up to
 --old-max hosts, the old layout too (`host_files=True`); start Debian's prometheus-node-exporter
 (textfile collector only, on 127.0.0.1, a port the kernel picks) on each directory and time an
@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from checks.fleet import aggregate, synthetic
+from checks.devtools import synthetic
+from checks.fleet import aggregate
 from checks.render import prometheus
 
 EXPORTER = ("prometheus-node-exporter", "node_exporter")

@@ -1,5 +1,5 @@
 """Fleet fixtures: real `python -m checks --simulate` reports, multiplied into fleets with the
-workload figures added and faults planted (checks.fleet.synthetic)."""
+workload figures added and faults planted (checks.devtools.synthetic)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from checks.fleet import synthetic
-from checks.fleet.synthetic import Broken, Slow
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "checks" / "schema"
 

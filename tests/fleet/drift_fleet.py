@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from checks.fleet import aggregate, drift, history, synthetic
-from checks.fleet.synthetic import Slow
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Slow
+from checks.fleet import aggregate, drift, history
 from checks.hw.measure import reference
 
 GOOD = "3f6c0a9e51d2b7c4" + "0" * 48

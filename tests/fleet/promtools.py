@@ -24,8 +24,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import fleet_cli, synthetic
-from checks.fleet.synthetic import Broken
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken
+from checks.fleet import fleet_cli
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -9,9 +9,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from checks.fleet import aggregate, figures, load, stragglers, synthetic
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Slow
+from checks.fleet import aggregate, figures, load, stragglers
 from checks.fleet.figures import Figure, GpuRef
-from checks.fleet.synthetic import Slow
 
 from .conftest import PlantedFleet
 

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from checks.fleet import synthetic
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
 from checks.fleet.fleet_cli import main
-from checks.fleet.synthetic import Broken, Slow
 
 
 def _run_dir(root: Path, run_id: str, base: dict[str, Any], n: int = 4, **plant: Any) -> Path:

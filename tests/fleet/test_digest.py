@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from checks.fleet import aggregate, synthetic
+from checks.devtools import synthetic
+from checks.fleet import aggregate
 from checks.fleet import digest_groups as digest
 from checks.fleet import fleet_cli as cli
 from checks.hw.measure import reference

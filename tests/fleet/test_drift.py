@@ -17,10 +17,11 @@ import jsonschema
 import pytest
 
 from checks import profiles
-from checks.fleet import aggregate, drift, history, synthetic
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Slow
+from checks.fleet import aggregate, drift, history
 from checks.fleet import fleet_cli as cli
 from checks.fleet.figures import Figure, GpuRef
-from checks.fleet.synthetic import Slow
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = drift.rule_for("generic")

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from checks.fleet import aggregate, fleet_cli, history, synthetic
-from checks.fleet.synthetic import Broken, Slow
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
+from checks.fleet import aggregate, fleet_cli, history
 
 LEMON_UUID = "GPU-1e301e30-0000-4000-8000-000000000001"
 

@@ -64,7 +64,7 @@ def test_one_host_renders_its_checks(tmp_path, cpu_report) -> None:
 
 
 def test_large_fleets_get_histograms(tmp_path, h100_report) -> None:
-    from checks.fleet import synthetic
+    from checks.devtools import synthetic
 
     fleet = aggregate.from_reports(synthetic.build(40, base=h100_report))
     text = html.render(fleet)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import synthetic
-from checks.fleet.synthetic import Broken
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

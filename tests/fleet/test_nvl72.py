@@ -12,8 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from checks.devtools.synthetic import base_report
 from checks.fleet import aggregate, fleet_cli, nvl72
-from checks.fleet.synthetic import base_report
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from checks.fleet import slurm, synthetic
-from checks.fleet.synthetic import Broken
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken
+from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmcluster import SlurmCluster, missing_tools

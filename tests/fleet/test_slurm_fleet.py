@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from checks.fleet import fleet_cli, slurm, synthetic
-from checks.fleet.synthetic import Broken, Slow
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
+from checks.fleet import fleet_cli, slurm
 from checks.hw.measure import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -87,10 +87,11 @@ def test_the_wheel_holds_every_data_file_the_product_reads(node):
     names = set(zipfile.ZipFile(node["wheel"]).namelist())
     wanted = {str(p.relative_to(ROOT)) for pkg in ("checks", "trainer") for p in (ROOT / pkg).rglob("*")
               if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
-              and "docgen" not in p.parts}
+              and "docgen" not in p.parts and "devtools" not in p.parts}
     assert wanted, "no data files found in the source tree"
     assert not wanted - names, f"data files missing from the wheel: {sorted(wanted - names)}"
-    assert not [n for n in names if n.startswith("checks/docgen/")], "doc generators are not product"
+    assert not [n for n in names if n.startswith(("checks/docgen/", "checks/devtools/"))], \
+        "doc generators and synthetic fleets are not product"
 
 
 def test_runs_from_the_install_not_the_source_tree(node):
@@ -141,3 +142,4 @@ def test_fleet_report_and_slurm_wrappers_from_the_wheel(node):
     node["run"]("-m", "checks.fleet.slurm", "scripts", str(node["dir"] / "slurm"))
     assert (node["dir"] / "slurm").is_dir() and any((node["dir"] / "slurm").iterdir())
     node["run"]("-c", "import checks.docgen", ok=(1,))
+    node["run"]("-c", "import checks.devtools.synthetic", ok=(1,))

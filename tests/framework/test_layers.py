@@ -131,3 +131,12 @@ def test_no_two_modules_share_a_name() -> None:
     dupes = {name: sorted(str(p.relative_to(ROOT)) for p in MODULES.values() if p.stem == name)
              for name, n in names.items() if n > 1}
     assert not dupes, dupes
+
+
+def test_the_product_never_imports_the_tools_the_wheel_leaves_out() -> None:
+    """checks.docgen and checks.devtools are not in the wheel (pyproject.toml): an import of
+    them from the product would fail on every node."""
+    tools = ("checks.docgen", "checks.devtools")
+    bad = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if not _within(m, tools)
+                 for d in deps if _within(d, tools))
+    assert not bad, bad
