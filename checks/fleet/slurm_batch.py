@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from checks.fleet import slurm as sl
+from checks.fleet import slurm_control as sl
 
 BATCH = """#!/bin/bash
 #SBATCH --job-name=nodecert-verify

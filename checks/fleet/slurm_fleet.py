@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.fleet import load
-from checks.fleet import slurm as sl
+from checks.fleet import slurm_control as sl
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schema" / "fleet.schema.json"
 
@@ -98,7 +98,7 @@ class Membership:
 
 
 def membership() -> Membership:
-    out = sl._run(["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"])
+    out = sl.run(["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"])
     partitions: dict[str, set[str]] = defaultdict(set)
     of_node: dict[str, set[str]] = defaultdict(set)
     states: dict[str, sl.NodeState] = {}
@@ -124,7 +124,7 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
     try:
         summary = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        raise sl.InputError(f"{path}: fleet summary unreadable: {sl._one_line(str(exc))}") from None
+        raise sl.InputError(f"{path}: fleet summary unreadable: {sl.one_line(str(exc))}") from None
     problem = _validator()(summary)
     if problem:
         raise sl.InputError(f"{path}: not a valid fleet summary: {problem}")

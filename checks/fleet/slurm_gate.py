@@ -30,11 +30,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checks.fleet import load
+from checks.fleet.slurm_control import Verdict, one_line, verdict
 
 RUN_ID = "nodecert-run"  # stands for the check id in the reason when the checks did not finish
 WRAPPER_ID = "nodecert-wrapper"  # the check id in the reason when the wrapper itself failed
@@ -58,16 +58,6 @@ class Terminated(Exception):
     """The wrapper got SIGTERM (slurmd's kill, or a shutdown) while the checks ran."""
 
 
-@dataclass(frozen=True)
-class Verdict:
-    failed: bool
-    summary: str  # "<check-id> <message>" of the first failure; empty when passed
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 # -- the supervised check run --------------------------------------------------------------------
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -84,7 +74,6 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float
                ) -> tuple[Verdict, dict[str, Any] | None]:
     """Run `python -m checks` under the deadline; a run that crashes or hangs is a failure too.
     Returns the verdict and the report (None when there is none)."""
-    from checks.fleet.slurm import verdict  # the report's first failure, as `slurm report` says it
 
     with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
         path = Path(tmp) / "report.json"
