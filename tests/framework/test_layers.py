@@ -65,6 +65,7 @@ def test_every_project_import_resolves_to_a_module() -> None:
 
 @pytest.mark.parametrize(("layer", "allowed"), [
     ("checks.resources", ()),
+    ("checks.kernlog", ("checks.kernlog", "checks.resources")),
     ("checks.supervise", ("checks.supervise",)),
     ("checks.hw", ("checks.hw", "checks.supervise", "checks.model", "checks.resources")),
     ("trainer", ("trainer", "checks.hw", "checks.supervise", "checks.cliutil")),
@@ -75,7 +76,7 @@ def test_every_project_import_resolves_to_a_module() -> None:
     ("checks.render", ("checks.render", "checks.model", "checks.profiles", "checks.report_schema",
                        "checks.fleet")),
     ("checks.node", ("checks.node", "checks.hw", "checks.supervise", "checks.model", "checks.render",
-                     "checks.resources",
+                     "checks.resources", "checks.kernlog",
                      "checks.profiles", "checks.report_schema", "checks.cliutil",
                      "trainer")),
 ])

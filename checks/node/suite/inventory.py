@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from checks.hw.base import HardwareError, NvmlUnavailable
@@ -82,6 +83,88 @@ REMEDY_HIDDEN = ("in a Slurm job request GPUs (--gres=gpu:N or --gpus=N); elsewh
                  "CUDA_VISIBLE_DEVICES or list the GPUs to verify")
 
 
+@dataclass
+class _Counts:
+    """What gpu-count compares: the PCI bus, NVML, the container's device nodes, CUDA_VISIBLE_DEVICES
+    and torch (`values` goes into every result's details)."""
+
+    pci: list[str]
+    answering: list[Any]
+    lost: list[Any]
+    missing: list[str]
+    container: str | None
+    nodes: set[int] | None
+    values: dict[str, Any]
+    not_given: list[str] = field(default_factory=list)
+
+
+def _nvml_problems(ctx: Context, c: _Counts) -> Iterator[Result]:
+    for gpu in c.lost:
+        yield fail(f"GPU {gpu.device.index} at {gpu.device.pci or 'an unknown address'} is lost: "
+                   "NVML answers GPU_IS_LOST (fell off the bus)", value="lost",
+                   expected="answers", device=gpu.device, remedy=REMEDY_LOST, details=c.values)
+    if c.missing and c.container is not None and c.nodes is not None:
+        # A container sees every GPU in sysfs but only the device nodes it was given; GPUs
+        # given to it but absent from NVML are the ones beyond the answering count.
+        gpus = len(ctx.gpus)
+        broken = max(0, len(c.nodes) - gpus)
+        c.not_given = c.missing[: len(c.missing) - broken] if broken < len(c.missing) else []
+        if broken:
+            yield fail(f"{broken} GPU(s) given to this {c.container} container (/dev/nvidia* "
+                       f"nodes {sorted(c.nodes)}) do not answer NVML", value=gpus,
+                       expected=str(len(c.nodes)), remedy=REMEDY_LOST, details=c.values)
+    else:
+        for address in c.missing:
+            yield fail(f"GPU {address} is on the PCI bus but NVML does not list it (fell off the "
+                       "bus or failed to initialise)", value=len(ctx.gpus), expected=str(len(c.pci)),
+                       remedy=REMEDY_LOST, details=c.values, device=Device(pci=address))
+    if c.not_given:
+        c.values["not_given"] = c.not_given
+
+
+def _platform_problems(ctx: Context, c: _Counts) -> Iterator[Result]:
+    platform = ctx.profile.get("gpus_per_node")
+    if ctx.nvswitches and platform and len(c.pci) < int(platform):
+        yield fail(f"{len(c.pci)} GPU(s) on the PCI bus of a baseboard with {len(ctx.nvswitches)} "
+                   f"NVSwitch(es); this platform ({ctx.profile.name}) holds {platform}",
+                   value=len(c.pci), expected=str(platform), details=c.values,
+                   remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
+                          "power and BIOS PCIe settings, or RMA the baseboard/GPU")
+
+
+def _expectation_problems(ctx: Context, c: _Counts, want: int, note: str, hidden: bool
+                          ) -> Iterator[Result]:
+    expect = ctx.options.expect_gpus
+    if expect is not None and len(c.pci) != expect:
+        yield fail(f"{len(c.pci)} GPU(s) on the PCI bus, expected {expect}", value=len(c.pci),
+                   expected=str(expect),
+                   remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
+                          "power cables and BIOS PCIe settings, or RMA")
+    elif expect is not None and want < expect:
+        yield fail(f"only {want} of the {expect} expected GPUs are usable here{note}"
+                   + (f"; this {c.container} container was given {len(ctx.gpus)}" if c.not_given else ""),
+                   value=want, expected=str(expect), details=c.values,
+                   remedy=REMEDY_HIDDEN if hidden else
+                   "give the container every GPU (--gpus all, or the pod's nvidia.com/gpu limit)")
+
+
+def _torch_problems(c: _Counts, visible: Any, torch: Any, want: int, note: str) -> Iterator[Result]:
+    if visible.hides_all and c.answering:
+        yield fail(f"CUDA_VISIBLE_DEVICES={visible.raw!r} hides all {len(c.answering)} GPU(s): "
+                   "torch would train on the CPU", value=visible.raw, expected="GPUs visible",
+                   details=c.values, remedy=REMEDY_HIDDEN)
+    elif torch.error:
+        yield fail(f"torch cannot use CUDA: {torch.error}", details=c.values,
+                   remedy="match torch's CUDA build to the driver (see cuda-compat)")
+    elif torch.device_count != want:
+        what = ("torch cannot use any of them: training would run on the CPU"
+                if torch.device_count == 0 else f"torch sees {torch.device_count}")
+        yield fail(f"{want} GPU(s) usable{note}, {what}", value=torch.device_count,
+                   expected=str(want), details=c.values,
+                   remedy="install a CUDA build of torch that matches the driver; check "
+                          "CUDA_VISIBLE_DEVICES and container --gpus settings")
+
+
 @check("gpu-count", code="INV004", title="every GPU on the PCI bus is seen by NVML and torch",
        stage="inventory", needs=("driver-loaded",))
 def gpu_count(ctx: Context) -> Iterator[Result]:
@@ -90,104 +173,36 @@ def gpu_count(ctx: Context) -> Iterator[Result]:
     A GPU NVML reports lost, or one on the bus NVML does not list, is named by its PCI address;
     in a container GPUs that were not given to it (no /dev/nvidiaN) are not faults."""
     pci = [d.address for d in ctx.pci_gpus]
-    gpus = ctx.gpus
-    lost = [g for g in gpus if g.lost]
-    answering = [g for g in gpus if not g.lost]
-    seen = {g.device.pci for g in gpus}
-    missing = [a for a in pci if a not in seen]
-    nodes = ctx.hw.gpu_device_nodes()
-    container = ctx.hw.container()
-    values: dict[str, Any] = {"pci": len(pci), "nvml": len(answering), "lost": len(lost)}
-    problems = False
-
-    for gpu in lost:
-        problems = True
-        yield fail(f"GPU {gpu.device.index} at {gpu.device.pci or 'an unknown address'} is lost: "
-                   "NVML answers GPU_IS_LOST (fell off the bus)", value="lost",
-                   expected="answers", device=gpu.device, remedy=REMEDY_LOST, details=values)
-
-    not_given: list[str] = []
-    if missing and container is not None and nodes is not None:
-        # A container sees every GPU in sysfs but only the device nodes it was given; GPUs
-        # given to it but absent from NVML are the ones beyond the answering count.
-        broken = max(0, len(nodes) - len(gpus))
-        not_given = missing[: len(missing) - broken] if broken < len(missing) else []
-        if broken:
-            problems = True
-            yield fail(f"{broken} GPU(s) given to this {container} container (/dev/nvidia* "
-                       f"nodes {sorted(nodes)}) do not answer NVML", value=len(gpus),
-                       expected=str(len(nodes)), remedy=REMEDY_LOST, details=values)
-    else:
-        for address in missing:
-            problems = True
-            yield fail(f"GPU {address} is on the PCI bus but NVML does not list it (fell off the "
-                       "bus or failed to initialise)", value=len(gpus), expected=str(len(pci)),
-                       remedy=REMEDY_LOST, details=values, device=Device(pci=address))
-    if not_given:
-        values["not_given"] = not_given
-
-    platform = ctx.profile.get("gpus_per_node")
-    if ctx.nvswitches and platform and len(pci) < int(platform):
-        problems = True
-        yield fail(f"{len(pci)} GPU(s) on the PCI bus of a baseboard with {len(ctx.nvswitches)} "
-                   f"NVSwitch(es); this platform ({ctx.profile.name}) holds {platform}",
-                   value=len(pci), expected=str(platform), details=values,
-                   remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
-                          "power and BIOS PCIe settings, or RMA the baseboard/GPU")
-
+    seen = {g.device.pci for g in ctx.gpus}
+    c = _Counts(pci=pci, answering=[g for g in ctx.gpus if not g.lost],
+                lost=[g for g in ctx.gpus if g.lost], missing=[a for a in pci if a not in seen],
+                container=ctx.hw.container(), nodes=ctx.hw.gpu_device_nodes(), values={})
+    c.values.update(pci=len(pci), nvml=len(c.answering), lost=len(c.lost))
+    problems = [*_nvml_problems(ctx, c), *_platform_problems(ctx, c)]
     visible = ctx.cuda_visible()
-    want = visible.count(len(answering))
+    want = visible.count(len(c.answering))
     note = visible.note()
-    values["cuda_visible"] = want
-    expect = ctx.options.expect_gpus
-    if expect is not None and len(pci) != expect:
-        problems = True
-        yield fail(f"{len(pci)} GPU(s) on the PCI bus, expected {expect}", value=len(pci),
-                   expected=str(expect),
-                   remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
-                          "power cables and BIOS PCIe settings, or RMA")
-    elif expect is not None and want < expect:
-        problems = True
-        yield fail(f"only {want} of the {expect} expected GPUs are usable here{note}"
-                   + (f"; this {container} container was given {len(gpus)}" if not_given else ""),
-                   value=want, expected=str(expect), details=values,
-                   remedy=REMEDY_HIDDEN if visible.raw is not None else
-                   "give the container every GPU (--gpus all, or the pod's nvidia.com/gpu limit)")
-
+    c.values["cuda_visible"] = want
+    problems += _expectation_problems(ctx, c, want, note, visible.raw is not None)
     torch = ctx.hw.torch()
-    values["torch"] = torch.device_count
-    if visible.hides_all and answering:
-        problems = True
-        yield fail(f"CUDA_VISIBLE_DEVICES={visible.raw!r} hides all {len(answering)} GPU(s): "
-                   "torch would train on the CPU", value=visible.raw, expected="GPUs visible",
-                   details=values, remedy=REMEDY_HIDDEN)
-    elif torch.error:
-        problems = True
-        yield fail(f"torch cannot use CUDA: {torch.error}", details=values,
-                   remedy="match torch's CUDA build to the driver (see cuda-compat)")
-    elif torch.device_count != want:
-        problems = True
-        what = ("torch cannot use any of them: training would run on the CPU"
-                if torch.device_count == 0 else f"torch sees {torch.device_count}")
-        yield fail(f"{want} GPU(s) usable{note}, {what}", value=torch.device_count,
-                   expected=str(want), details=values,
-                   remedy="install a CUDA build of torch that matches the driver; check "
-                          "CUDA_VISIBLE_DEVICES and container --gpus settings")
+    c.values["torch"] = torch.device_count
+    problems += _torch_problems(c, visible, torch, want, note)
     if problems:
+        yield from problems
         return
-    summary = f"{len(pci)} on PCI, {len(answering)} in NVML, {torch.device_count} in torch{note}"
-    if not_given:
-        summary += f"; {len(not_given)} on the bus not given to this {container} container"
+    summary = f"{len(pci)} on PCI, {len(c.answering)} in NVML, {torch.device_count} in torch{note}"
+    if c.not_given:
+        summary += f"; {len(c.not_given)} on the bus not given to this {c.container} container"
     if visible.mig:
         yield warn(f"{summary}: MIG instance(s) {', '.join(visible.mig)} selected; a process "
-                   "uses only the first", value=torch.device_count, details=values,
+                   "uses only the first", value=torch.device_count, details=c.values,
                    remedy="verify whole GPUs (MIG off) before accepting a node for training")
-    elif visible.raw is not None and want < len(answering):
-        yield warn(f"{summary}: only {want} of {len(answering)} GPU(s) are verified",
-                   value=torch.device_count, expected=str(len(answering)), details=values,
+    elif visible.raw is not None and want < len(c.answering):
+        yield warn(f"{summary}: only {want} of {len(c.answering)} GPU(s) are verified",
+                   value=torch.device_count, expected=str(len(c.answering)), details=c.values,
                    remedy=REMEDY_HIDDEN)
     else:
-        yield passed(summary, value=torch.device_count, expected=str(want), details=values)
+        yield passed(summary, value=torch.device_count, expected=str(want), details=c.values)
 
 
 def _branch(version: str) -> int | None:
