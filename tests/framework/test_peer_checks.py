@@ -136,3 +136,187 @@ def test_models_are_compared_only_with_their_own_kind() -> None:
 def test_unreadable_version_is_an_error() -> None:
     results = _firmware({3: {"vbios_version": {"error": "Unknown Error"}}})
     assert [r.status for r in results if r.device.index == 3] == [Status.ERROR]
+
+
+# --- disk-space and swap ----------------------------------------------------------------------
+
+def test_full_root_volume_fails_before_any_job(run_cli) -> None:
+    code, report, _ = run_cli("--simulate", "peer-aws-p3-disk-full-dolly139", "--level", "quick")
+    assert code == 1 and problems(report) == {"disk-space": "FAIL"}
+    (result,) = results_of(report, "disk-space")
+    assert result["details"]["path"] == "/" and result["value"] == 3.1
+    assert "torch /opt/conda/lib/python3.7/site-packages/torch" in result["message"]
+    assert {r["status"] for r in results_of(report, "swap")} == {"PASS"}
+
+
+def test_swap_on_warns_and_names_the_area(run_cli) -> None:
+    code, report, _ = run_cli("--simulate", "peer-gpu-node-swap-on-pai4611", "--level", "quick")
+    assert code == 0 and problems(report) == {"swap": "WARN"}
+    (result,) = results_of(report, "swap")
+    assert "/swap.img (file, 2.0 GiB)" in result["message"]
+    assert result["details"]["areas"][0]["used_bytes"] == 12288 * 1024
+
+
+def _storage(check: Any, scenario: str, host: dict[str, Any], extra_paths: tuple[str, ...] = (),
+             **profile_over: Any) -> list[Any]:
+    data = load_scenario(scenario)
+    data["host"] = {**data["host"], **host}
+    ctx = ctx_for(data, **profile_over)
+    ctx.options.extra["storage_paths"] = list(extra_paths)
+    produced = check(ctx)
+    return [produced] if not isinstance(produced, list) and hasattr(produced, "status") \
+        else list(produced)
+
+
+@pytest.mark.parametrize("free_gib,status", [(3.1, Status.FAIL), (20, Status.WARN),
+                                             (60, Status.PASS)])
+def test_free_space_thresholds_come_from_the_profile(free_gib: float, status: Status) -> None:
+    from checks.node.suite import storage
+
+    disks = {"/": {"total_bytes": 200 << 30, "free_bytes": int(free_gib * (1 << 30))}}
+    (result,) = _storage(storage.disk_space, "peer-aws-p3-disk-full-dolly139", {"disks": disks})
+    assert result.status is status
+
+
+def test_a_checkpoint_volume_is_judged_on_its_own_mount() -> None:
+    from checks.node.suite import storage
+
+    disks = {"/": {"total_bytes": 200 << 30, "free_bytes": 150 << 30},
+             "/data": {"total_bytes": 2 << 40, "free_bytes": 4 << 30}}
+    results = _storage(storage.disk_space, "peer-aws-p3-disk-full-dolly139", {"disks": disks},
+                       extra_paths=("/data/run7/checkpoints",))
+    assert {r.details["path"]: r.status for r in results} == {"/": Status.PASS,
+                                                              "/data": Status.FAIL}
+
+
+def test_no_known_path_skips_and_an_unreadable_one_is_an_error() -> None:
+    from checks.node.suite import storage
+
+    (skipped,) = _storage(storage.disk_space, "peer-aws-p3-disk-full-dolly139",
+                          {"python_paths": {}})
+    assert skipped.status is Status.SKIP
+    disks = {"/": {"error": "Input/output error"}}
+    failed = _storage(storage.disk_space, "peer-aws-p3-disk-full-dolly139", {"disks": disks})
+    assert [r.status for r in failed] == [Status.ERROR, Status.ERROR]  # venv and torch
+
+
+@pytest.mark.parametrize("setting,status", [("warn", Status.WARN), ("fail", Status.FAIL),
+                                            ("pass", Status.PASS)])
+def test_swap_status_follows_the_profile(setting: str, status: Status) -> None:
+    from checks.node.suite import storage
+
+    (result,) = _storage(storage.swap, "peer-gpu-node-swap-on-pai4611", {},
+                         swap__active_status=setting)
+    assert result.status is status
+
+
+def test_real_statvfs_and_proc_swaps(tmp_path: Any) -> None:
+    """The Linux backend on this machine: statvfs of a path not created yet lands on its
+    parent; /proc/swaps parses (whatever this host's swap state is)."""
+    import os
+
+    from checks.hw.linux import LinuxBackend, parse_proc_swaps
+
+    du = LinuxBackend().disk_usage(str(tmp_path / "not" / "yet"))
+    st = os.statvfs(tmp_path)
+    assert du.path == str(tmp_path) and du.total_bytes == st.f_blocks * st.f_frsize
+    assert isinstance(LinuxBackend().swaps(), list)
+    (area,) = parse_proc_swaps("Filename\tType\tSize\tUsed\tPriority\n"
+                               "/dev/nvme0n1p3                          partition\t"
+                               "8388604\t\t0\t\t-2\n")
+    assert (area.name, area.kind, area.size_bytes, area.priority) == \
+        ("/dev/nvme0n1p3", "partition", 8388604 * 1024, -2)
+
+
+# --- bmc-sensors ------------------------------------------------------------------------------
+
+def test_failed_fans_are_named_from_the_sdr(run_cli) -> None:
+    code, report, _ = run_cli("--simulate", "peer-dell-r320-fans-failed-haipmi52",
+                              "--level", "quick")
+    assert code == 1 and problems(report) == {"bmc-sensors": "FAIL"}
+    failed = [r for r in results_of(report, "bmc-sensors") if r["status"] == "FAIL"]
+    assert [r["details"]["sensor"] for r in failed] == ["Fan3B", "Fan4B"]
+    assert all(r["details"]["kind"] == "fan" and r["fault_code"] == "BMC001" for r in failed)
+
+
+def test_psu_failure_only_in_the_event_log_fails(run_cli) -> None:
+    code, report, _ = run_cli("--simulate", "peer-psu-failed-sel-checkipmi66", "--level", "quick")
+    assert code == 1 and problems(report) == {"bmc-sensors": "FAIL"}
+    results = results_of(report, "bmc-sensors")
+    assert [r["status"] for r in results] == ["PASS", "FAIL"]  # sensors ok, SEL not
+    assert results[1]["details"]["rule"] == "psu-failure" and "#3" in results[1]["message"]
+
+
+def test_every_sel_rule_matches_its_own_example() -> None:
+    from checks.node.suite import bmc
+
+    assert len(bmc.rules()) >= 5
+    for rule in bmc.rules():
+        assert rule.source, rule.id
+        (event,) = bmc.parse_sel(rule.example)
+        ((matched, _, asserted),) = bmc.judge_sel([event])
+        assert matched.id == rule.id and asserted, rule.id
+
+
+def test_sel_from_sos2015_warns_on_the_fan_and_ignores_power_cycles() -> None:
+    from checks.node.suite import bmc
+
+    text = (bmc.RULES.parent.parent / "scenarios" / "data" / "ipmitool" /
+            "sel-elist-power-unit-and-fan.txt").read_text()
+    events = bmc.parse_sel(text)
+    assert len(events) == 4 and not events[1].asserted
+    ((rule, event, asserted),) = bmc.judge_sel(events)
+    assert (rule.id, rule.status, event.record, asserted) == \
+        ("fan-noncritical", Status.WARN, "33", True)
+
+
+def test_a_cleared_psu_event_is_only_a_warning() -> None:
+    from checks.node.suite import bmc
+
+    events = bmc.parse_sel(
+        "   3 | 12/09/2024 | 21:12:29 | Power Supply PS2 Status | Failure detected | Asserted\n"
+        "   4 | 12/09/2024 | 21:40:02 | Power Supply PS2 Status | Failure detected | Deasserted\n")
+    ((rule, _, asserted),) = bmc.judge_sel(events)
+    assert rule.id == "psu-failure" and not asserted
+
+
+def _bmc(ipmitool: Any) -> list[Any]:
+    from checks.node.suite import bmc
+
+    data = load_scenario("peer-psu-failed-sel-checkipmi66")
+    data["host"] = {**data["host"], "ipmitool": ipmitool}
+    if ipmitool is None:
+        del data["host"]["ipmitool"]
+    return list(bmc.bmc_sensors(ctx_for(data)))
+
+
+@pytest.mark.parametrize("ipmitool,status,words", [
+    (None, Status.SKIP, "not installed"),
+    ({"device": None}, Status.SKIP, "/dev/ipmi0"),
+    ({"device": "/dev/ipmi0", "sdr": {"timed_out": True}, "sel_elist": ""}, Status.ERROR,
+     "no answer within 30 s"),
+    ({"device": "/dev/ipmi0", "sel_elist": "",
+      "sdr": {"rc": 1, "stderr": "Could not open device at /dev/ipmi0 or /dev/ipmi/0 or "
+                                 "/dev/ipmidev/0: No such file or directory\n"}},
+     Status.ERROR, "exited 1: Could not open device"),
+])
+def test_no_bmc_or_no_answer_is_never_a_pass(ipmitool: Any, status: Status, words: str) -> None:
+    first = _bmc(ipmitool)[0]
+    assert first.status is status and words in first.message
+
+
+def test_noncritical_sensor_follows_the_profile() -> None:
+    results = _bmc({"device": "/dev/ipmi0", "sel_elist": "",
+                    "sdr": "PSU2 Status      | 11.2 Volts        | nc\n"})
+    assert results[0].status is Status.WARN and results[0].details["kind"] == "psu"
+
+
+def test_a_tool_that_hangs_is_killed_at_its_deadline(tmp_path: Any) -> None:
+    """run_tool on a real process that never ends by itself: killed, and the run says so."""
+    import sys
+
+    from checks.hw.linux import run_tool
+
+    run = run_tool((sys.executable, "-c", "import time; print('started', flush=True); "
+                                          "time.sleep(600)"), timeout_s=2)
+    assert run.timed_out and run.returncode is None and run.stdout.startswith("started")
