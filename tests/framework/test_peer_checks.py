@@ -320,3 +320,122 @@ def test_a_tool_that_hangs_is_killed_at_its_deadline(tmp_path: Any) -> None:
     run = run_tool((sys.executable, "-c", "import time; print('started', flush=True); "
                                           "time.sleep(600)"), timeout_s=2)
     assert run.timed_out and run.returncode is None and run.stdout.startswith("started")
+
+
+# --- dcgm-diag --------------------------------------------------------------------------------
+
+def _dcgm_data(name: str) -> str:
+    from checks.node.suite import dcgm
+
+    return (dcgm.TABLE.parent.parent / "scenarios" / "data" / "dcgm" / name).read_text()
+
+
+@pytest.mark.parametrize("scenario,status,flagged", [
+    ("peer-dcgm31-8gpu-r1-pass-dcgm-jsonresult", "PASS", []),
+    ("peer-t400-dcgm-skipped-dcgm139", "WARN", ["PCIe", "GPU Memory"]),
+    ("peer-h100-dcgm-memory-alloc-pass-dcgm284", "FAIL", ["memory"]),
+])
+def test_dcgm_json_from_public_reports(run_cli, scenario: str, status: str,
+                                       flagged: list[str]) -> None:
+    code, report, _ = run_cli("--simulate", scenario, "--only", "dcgm-diag")
+    assert problems(report) == ({} if status == "PASS" else {"dcgm-diag": status})
+    assert code == (1 if status == "FAIL" else 0)
+    results = results_of(report, "dcgm-diag")
+    assert [r["details"]["test"] for r in results if r["status"] != "PASS"] == flagged
+    for r in results:
+        if r["status"] != "PASS":
+            assert r["device"]["index"] == 0 and r["fault_code"] == "DCGM001" and r["remedy"]
+
+
+def test_both_layouts_and_their_quirks_parse() -> None:
+    from checks.node.suite import dcgm
+
+    v31 = dcgm.parse_diag(_dcgm_data("dcgm31-8gpu-r1-pass-dcgm-jsonresult.txt"))
+    assert v31.version == "3.1.0" and {r.status for r in v31.results} == {Status.PASS}
+    assert v31.results[0].gpus == tuple(range(8))  # "0,1,...,7"
+    assert [r.gpus for r in v31.results if r.name == "software"] == [(i,) for i in range(8)]
+    assert {r.key for r in v31.results} == {"software"}  # 3.x names folded as 4.x does
+    t400 = dcgm.parse_diag(_dcgm_data("dcgm3-t400-r3-skipped-dcgm139.json"))
+    assert [(r.key, r.status) for r in t400.results] == [
+        (k, Status.SKIP) for k in ("pcie", "memory", "diagnostic", "eud", "targeted_stress")]
+    v45 = dcgm.parse_diag(_dcgm_data("dcgm45-memory-alloc-pass-dcgm284.json"))
+    (memory,) = [r for r in v45.results if r.key == "memory"]
+    assert memory.status is Status.PASS and dcgm.judge(memory)[0] is Status.FAIL
+    assert "error id 56" in memory.warnings[0]
+
+
+def test_tests_at_the_top_level_and_summaries_parse() -> None:
+    """Some 4.x builds put "tests" beside the categories and give only a test_summary."""
+    from checks.node.suite import dcgm
+
+    doc = ('{"DCGM Diagnostic": {"version": "4.2.3", "tests": [{"name": "pcie", '
+           '"test_summary": {"status": "Fail"}}, {"name": "nvlink_bw", "results": '
+           '[{"entity_group": "GPU", "entity_id": 3, "status": "Warn", "warnings": '
+           '"link 5 slow"}, {"entity_group": "NvSwitch", "entity_id": 0, "status": "Fail"}]}]}}')
+    diag = dcgm.parse_diag(doc)
+    assert [(r.key, r.status, r.gpus, r.warnings) for r in diag.results] == [
+        ("pcie", Status.FAIL, None, []), ("nvlink_bw", Status.WARN, (3,), ["link 5 slow"])]
+
+
+def test_the_test_table_is_consistent() -> None:
+    from checks.node.suite import dcgm
+
+    tab = dcgm.table()
+    owners: dict[str, set[str]] = {}
+    for key, spec in tab["tests"].items():
+        for name in spec["names"]:
+            owners.setdefault(dcgm._norm(name), set()).add(key)
+    assert all(len(keys) == 1 for keys in owners.values()), "a DCGM name maps to two keys"
+    for key, spec in tab["tests"].items():
+        assert 1 <= int(spec["level"]) <= 4 and spec["action"], key
+        assert tab["aliases"][key] == key
+    for rule in tab["false_positives"]:
+        assert rule["test"] in tab["tests"] and rule["source"] and rule["status"] in ("fail",
+                                                                                      "warn")
+
+
+def _dcgm(diag: Any, level: str = "standard") -> list[Any]:
+    from checks.node.suite import dcgm
+
+    data = load_scenario("peer-h100-dcgm-memory-alloc-pass-dcgm284")
+    data["host"] = {**data["host"], "dcgm": {"diag": diag}} if diag is not None else \
+        {k: v for k, v in data["host"].items() if k != "dcgm"}
+    ctx = ctx_for(data)
+    ctx.options.level = level
+    return list(dcgm.dcgm_diag(ctx))
+
+
+@pytest.mark.parametrize("diag,level,status,words", [
+    (None, "standard", Status.SKIP, "not installed"),
+    ({"stdout": "{}"}, "quick", Status.SKIP, "no DCGM run configured for level quick"),
+    ({"timed_out": True}, "standard", Status.ERROR, "did not finish within 300 s"),
+    ({"rc": 255, "stdout": "Error: unable to establish a connection to the specified host: "
+                           "localhost\n"}, "standard", Status.ERROR, "no JSON in the output"),
+    ({"stdout": '{"DCGM Diagnostic": {"runtime_error": "Detected 1 NVLink error"}}'},
+     "standard", Status.ERROR, "runtime error: Detected 1 NVLink error"),
+    ({"rc": 226, "stdout": "", "stderr": "Error: NVVS error"}, "standard", Status.ERROR,
+     "exited 226"),
+])
+def test_dcgm_that_cannot_answer_is_never_a_pass(diag: Any, level: str, status: Status,
+                                                 words: str) -> None:
+    (result,) = _dcgm(diag, level)
+    assert result.status is status and words in result.message, result.message
+
+
+def test_a_diag_that_hangs_is_killed_at_the_levels_deadline(tmp_path: Any,
+                                                            monkeypatch: Any) -> None:
+    """The real backend runs `dcgmi` from PATH: a dcgmi that never answers is killed at the
+    profile's deadline and the check says ERROR."""
+    from checks.hw.linux import LinuxBackend
+    from checks.node.suite import dcgm
+
+    fake = tmp_path / "dcgmi"
+    fake.write_text("#!/bin/sh\necho \"$@\" > \"$0.args\"\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    prof = profiles.load("generic")
+    prof.data["dcgm"]["timeout_s_by_level"] = {"standard": 1.5}
+    ctx = Context(LinuxBackend(), prof, Options(level="standard"))
+    (result,) = list(dcgm.dcgm_diag(ctx))
+    assert result.status is Status.ERROR and "was killed" in result.message
+    assert (tmp_path / "dcgmi.args").read_text().split() == ["diag", "-r", "2", "-j"]
