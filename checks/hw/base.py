@@ -326,6 +326,11 @@ class Backend(abc.ABC):
         perftest is not installed. Measurements: workload("ib_write_bw", nic=, gpu=, ...)."""
         return None
 
+    def own_pids(self) -> set[int]:
+        """PIDs of this tool's own processes, which may hold a CUDA context of their own (NVML
+        lists them among a GPU's compute processes); empty where there are none."""
+        return set()
+
     # --- Storage and swap (checks/node/suite/storage.py) --------------------------------------
     def python_paths(self) -> dict[str, str]:
         """Where the training software lives: {"venv": sys.prefix, "torch": torch's package

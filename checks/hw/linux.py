@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -259,6 +260,9 @@ class LinuxBackend(Backend):
         except OSError:
             return None
 
+    def own_pids(self) -> set[int]:
+        return {os.getpid()}
+
     # --- Storage, swap, BMC, DCGM ----------------------------------------------------------------
     def python_paths(self) -> dict[str, str]:
         import importlib.util
@@ -365,10 +369,8 @@ def run_tool(argv: tuple[str, ...], timeout_s: float) -> ToolRun:
         out, err = proc.communicate(timeout=timeout_s)
         return ToolRun(argv, proc.returncode, out, err, False, time.monotonic() - start)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group ended on its own meanwhile
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         out, err = proc.communicate()
         return ToolRun(argv, None, out or "", err or "", True, time.monotonic() - start)
 

@@ -133,6 +133,12 @@ def test_models_are_compared_only_with_their_own_kind() -> None:
     assert {r.status for r in results} == {Status.PASS}
 
 
+def test_versions_nvml_does_not_report_are_not_a_pass() -> None:
+    results = _firmware({4: {"vbios_version": "not_supported",
+                             "inforom_image_version": "not_supported"}})
+    assert [r.status for r in results if r.device.index == 4] == [Status.SKIP]
+
+
 def test_unreadable_version_is_an_error() -> None:
     results = _firmware({3: {"vbios_version": {"error": "Unknown Error"}}})
     assert [r.status for r in results if r.device.index == 3] == [Status.ERROR]

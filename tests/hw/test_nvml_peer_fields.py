@@ -35,7 +35,7 @@ def test_the_check_over_the_real_layer_names_the_process_and_excludes_its_own(
         fake_nvml: Any, monkeypatch: Any) -> None:
     """gpu-occupied through LinuxBackend -> nvml.py -> pynvml: another process fails the GPU,
     this tool's own PID (a CUDA context torch may have made) does not."""
-    monkeypatch.setattr(occupancy.os, "getpid", lambda: 4242)
+    monkeypatch.setattr(LinuxBackend, "own_pids", lambda self: {4242})
     monkeypatch.setattr(LinuxBackend, "container", lambda self: None)
     fake_nvml(FakeNvmlLibrary(
         [FakeGpu(processes=[(4242, 600 << 20)], memory_used=700 << 20),

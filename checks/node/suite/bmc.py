@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
 import yaml
 
 from checks.hw.base import HardwareError, ToolRun
@@ -34,6 +35,7 @@ REMEDY = {"psu": "replace or reseat the power supply and check its feed; a node 
                  "gpu-temperature) and may shut down",
           "temperature": "check airflow, fans and the inlet temperature before running jobs",
           "other": "look up the sensor in the server vendor's manual (ipmitool sdr elist full)"}
+NO_IPMITOOL = "ipmitool is not installed (apt install ipmitool)"
 REMEDY_SEL = ("after the cause is fixed, save the log (ipmitool sel elist > file) and clear it "
               "(ipmitool sel clear), or old events keep being reported")
 
@@ -141,7 +143,7 @@ def bmc_sensors(ctx: Context) -> Iterator[Result]:
     ERROR when the BMC does not answer within bmc.timeout_s."""
     tool = ctx.hw.ipmitool()
     if tool is None:
-        yield skip("ipmitool is not installed (apt install ipmitool)")
+        yield skip(NO_IPMITOOL)
         return
     if not tool.get("device"):
         yield skip("no in-band IPMI device (/dev/ipmi0): load ipmi_devintf and ipmi_si, or "

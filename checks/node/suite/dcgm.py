@@ -115,7 +115,7 @@ def parse_diag(text: str) -> Diag:
     root = data.get("DCGM Diagnostic", data.get("DCGM GPU Diagnostic", data))
     if not isinstance(root, dict):
         raise DiagParseError("the diagnostic section is not an object")
-    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    meta: dict[str, Any] = data["metadata"] if isinstance(data.get("metadata"), dict) else {}
     version = root.get("version") or meta.get("version") or meta.get("DCGM Version")
     runtime = root.get("runtime_error") or data.get("runtime_error")
     categories = [c for c in root.get("test_categories") or [] if isinstance(c, dict)]
@@ -202,8 +202,8 @@ def dcgm_diag(ctx: Context) -> Iterator[Result]:
     try:
         diag = parse_diag(run.stdout)
     except DiagParseError as exc:
-        why = (run.stderr.strip().splitlines() or [""])[0]
-        yield error(f"{label} exited {run.returncode}: {exc}" + (f"; stderr: {why}" if why
+        stderr = (run.stderr.strip().splitlines() or [""])[0]
+        yield error(f"{label} exited {run.returncode}: {exc}" + (f"; stderr: {stderr}" if stderr
                                                                  else ""))
         return
     if diag.runtime_error:
@@ -217,9 +217,9 @@ def dcgm_diag(ctx: Context) -> Iterator[Result]:
     skipped_status = Status(str(ctx.profile.require("dcgm.skipped_status")).upper())
     passed_tests: set[str] = set()
     flagged = 0
-    details_common = {"dcgm_version": diag.version, "run_level": run_level}
+    details_common: dict[str, Any] = {"dcgm_version": diag.version, "run_level": run_level}
     for res in diag.results:
-        status, why = judge(res)
+        status, reason = judge(res)
         spec = tests.get(res.key, {})
         if status is Status.PASS:
             passed_tests.add(res.name)
@@ -232,8 +232,8 @@ def dcgm_diag(ctx: Context) -> Iterator[Result]:
         where = "all GPUs" if res.gpus is None else ", ".join(f"GPU {g}" for g in res.gpus)
         said = "; ".join(res.warnings) or "no detail given"
         message = f"{res.name} ({where}): DCGM {res.status.value.lower()}"
-        if why:
-            message += f", judged {status.value}: {why}"
+        if reason:
+            message += f", judged {status.value}: {reason}"
         message += f": {said[:300]}"
         remedy = REMEDY_SKIPPED if res.status is Status.SKIP else spec.get(
             "action", "read DCGM's message and nvvs.log (/var/log/nvidia-dcgm)")

@@ -78,6 +78,10 @@ def gpu_firmware(ctx: Context) -> Iterator[Result]:
             odd = [k for k in FIELDS if versions[k] is not None and versions[k] != usual[k]]
             shown = ", ".join(f"{k.upper() if k == 'vbios' else 'InfoROM'} {versions[k] or 'n/a'}"
                               for k in FIELDS)
+            if all(versions[k] is None for k in FIELDS):
+                yield skip("NVML reports neither the VBIOS nor the InfoROM version",
+                           device=gpu.device, details=details)
+                continue
             if not odd:
                 unread = [k for k in FIELDS if versions[k] is None]
                 note = f" ({', '.join(unread)} not reported by NVML)" if unread else ""

@@ -8,7 +8,6 @@ live in another PID namespace or be a zombie that no longer exists in /proc.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,7 +51,7 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
     fail_fraction = float(p.require("occupancy.memory_used_fail_fraction"))
-    own = {os.getpid()} if not ctx.hw.simulated else set()
+    own = ctx.hw.own_pids()
     container = ctx.hw.container()
     pid_note = (f"; this runs in a container ({container}): NVML gives host PIDs, which it may "
                 "neither see nor stop" if container else "")

@@ -15,6 +15,8 @@ from checks.node.context import Context
 from checks.node.registry import check
 
 GIB = 1 << 30
+NO_PATHS = ("no path to judge: the Python environment is unknown and the profile lists no "
+            "storage.paths")
 REMEDY_DISK = ("free space on that file system (old checkpoints, ~/.cache/pip, ~/.triton, "
                "/tmp), or point the checkpoint directory at a larger volume")
 
@@ -40,8 +42,7 @@ def disk_space(ctx: Context) -> Iterator[Result]:
     warn_at = int(ctx.profile.require("storage.free_warn_bytes"))
     paths = _paths(ctx)
     if not paths:
-        yield skip("no path to judge: the Python environment is unknown and the profile lists "
-                   "no storage.paths")
+        yield skip(NO_PATHS)
         return
     seen: dict[str, list[str]] = {}
     usage = {}
