@@ -161,8 +161,8 @@ GPU_FIELDS = (
 # --- Storage, swap, BMC and DCGM (checks/node/suite/storage.py, bmc.py, dcgm.py) -------------
 @dataclass(frozen=True)
 class DiskUsage:
-    """os.statvfs of the file system holding `path` (free = f_bavail: what a non-root user
-    may still write)."""
+    """os.statvfs of the file system holding a path (free = f_bavail: what a non-root user
+    may still write). `path` is that file system's mount point."""
 
     path: str
     total_bytes: int
@@ -338,8 +338,8 @@ class Backend(abc.ABC):
         return {}
 
     def disk_usage(self, path: str) -> DiskUsage:
-        """Size and free space of the file system holding `path`. HardwareError when the path
-        does not exist or cannot be read."""
+        """Size and free space of the file system holding `path`, named by its mount point.
+        HardwareError when the path does not exist or cannot be read."""
         raise NotSupported(f"disk usage is not available on the {self.name} backend")
 
     def swaps(self) -> list[SwapArea]:

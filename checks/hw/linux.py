@@ -285,7 +285,11 @@ class LinuxBackend(Backend):
             st = os.statvfs(target)
         except OSError as exc:
             raise HardwareError(f"statvfs {target}: {exc.strerror or exc}") from exc
-        return DiskUsage(path=str(target), total_bytes=st.f_blocks * st.f_frsize,
+        # Named by its mount point, so paths on one file system are judged once.
+        mount = target.resolve()
+        while not os.path.ismount(mount) and mount != mount.parent:
+            mount = mount.parent
+        return DiskUsage(path=str(mount), total_bytes=st.f_blocks * st.f_frsize,
                          free_bytes=st.f_bavail * st.f_frsize)
 
     def swaps(self) -> list[SwapArea]:
