@@ -107,6 +107,16 @@ def test_one_gpu_with_another_vbios_is_named(run_cli) -> None:
     assert {r["details"]["inforom"] for r in results} == {"G520.0202.00.05"}
 
 
+def test_the_report_carries_every_gpus_firmware_for_the_fleet(run_cli) -> None:
+    _, report, _ = run_cli("--simulate", "peer-h100-sxm-vbios-mixed-nvtrust101", "--only",
+                           "gpu-firmware")
+    firmware_facts = report["system"]["gpu_firmware"]
+    assert [f["index"] for f in firmware_facts] == list(range(8))
+    assert firmware_facts[5]["vbios"] == "96.00.74.00.1C"
+    assert {f["inforom"] for f in firmware_facts} == {"G520.0202.00.05"}
+    assert firmware_facts[0]["name"] == "NVIDIA H100 80GB HBM3"
+
+
 def _firmware(patch: dict[int, dict[str, Any]], **profile_over: Any) -> list[Any]:
     data = copy.deepcopy(load_scenario("peer-h100-sxm-vbios-mixed-nvtrust101"))
     for index, fields in patch.items():
