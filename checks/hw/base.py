@@ -147,7 +147,50 @@ GPU_FIELDS = (
     "compute_mode",
     # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber): which device node a container must be given
     "minor_number",
+    # Occupancy before the jobs start (checks/node/suite/occupancy.py): memory in use (bytes,
+    # nvmlDeviceGetMemoryInfo .used) and the compute processes holding a context,
+    # [{"pid": int, "name": str | None, "used_memory_bytes": int | None}]
+    # (nvmlDeviceGetComputeRunningProcesses; PIDs are the host's PID namespace).
+    "memory_used_bytes", "compute_processes",
+    # Firmware (checks/node/suite/firmware.py): nvmlDeviceGetVbiosVersion ("96.00.89.00.01") and
+    # nvmlDeviceGetInforomImageVersion ("G520.0200.00.05").
+    "vbios_version", "inforom_image_version",
 )
+
+
+# --- Storage, swap, BMC and DCGM (checks/node/suite/storage.py, bmc.py, dcgm.py) -------------
+@dataclass(frozen=True)
+class DiskUsage:
+    """os.statvfs of the file system holding a path (free = f_bavail: what a non-root user
+    may still write). `path` is that file system's mount point."""
+
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class SwapArea:
+    """One line of /proc/swaps (sizes converted from KiB to bytes)."""
+
+    name: str
+    kind: str  # "partition" or "file"
+    size_bytes: int
+    used_bytes: int
+    priority: int = -2
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one bounded run of an external tool returned. `timed_out`: killed at its deadline
+    (stdout/stderr are what it printed before that)."""
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    stdout: str
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
 
 
 class GpuHandle(abc.ABC):
@@ -296,6 +339,45 @@ class Backend(abc.ABC):
         """The installed `ib_write_bw`: {"path", "cuda": built with --use_cuda}; None when
         perftest is not installed. Measurements: workload("ib_write_bw", nic=, gpu=, ...)."""
         return None
+
+    def own_pids(self) -> set[int]:
+        """PIDs of this tool's own processes, which may hold a CUDA context of their own (NVML
+        lists them among a GPU's compute processes); empty where there are none."""
+        return set()
+
+    # --- Storage and swap (checks/node/suite/storage.py) --------------------------------------
+    def python_paths(self) -> dict[str, str]:
+        """Where the training software lives: {"venv": sys.prefix, "torch": torch's package
+        directory}; an entry is left out when it cannot be found."""
+        return {}
+
+    def disk_usage(self, path: str) -> DiskUsage:
+        """Size and free space of the file system holding `path`, named by its mount point.
+        HardwareError when the path does not exist or cannot be read."""
+        raise NotSupported(f"disk usage is not available on the {self.name} backend")
+
+    def swaps(self) -> list[SwapArea]:
+        """Active swap areas (/proc/swaps); [] when swap is off."""
+        raise NotSupported(f"swap state is not available on the {self.name} backend")
+
+    # --- BMC through ipmitool (checks/node/suite/bmc.py) ----------------------------------------
+    def ipmitool(self) -> dict[str, Any] | None:
+        """The installed ipmitool: {"path", "device": the in-band IPMI device node
+        (/dev/ipmi0, /dev/ipmi/0 or /dev/ipmidev/0) or None}; None when ipmitool is absent."""
+        return None
+
+    def ipmi(self, args: tuple[str, ...], timeout_s: float) -> ToolRun:
+        """Run `ipmitool <args>` in-band, bounded by timeout_s."""
+        raise NotSupported(f"ipmitool is not available on the {self.name} backend")
+
+    # --- DCGM diagnostics (checks/node/suite/dcgm.py) ------------------------------------------
+    def dcgmi(self) -> str | None:
+        """Path of the installed `dcgmi`, None when DCGM is not installed."""
+        return None
+
+    def dcgm_diag(self, run: str, timeout_s: float) -> ToolRun:
+        """`dcgmi diag -r <run> -j`, killed at timeout_s (ToolRun.timed_out)."""
+        raise NotSupported(f"dcgmi is not available on the {self.name} backend")
 
     @abc.abstractmethod
     def environ(self) -> Mapping[str, str]: ...

@@ -19,6 +19,7 @@ from checks import resources
 from checks.hw.base import (
     GPU_FIELDS,
     Backend,
+    DiskUsage,
     GpuHandle,
     GpuLost,
     HardwareError,
@@ -29,6 +30,8 @@ from checks.hw.base import (
     RdmaDevice,
     RdmaPort,
     ShmInfo,
+    SwapArea,
+    ToolRun,
     TorchInfo,
 )
 
@@ -45,7 +48,12 @@ HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "sh
              "memory_peers", "acs", "net_interfaces",
              # perftest's ib_write_bw: {path, cuda} (absent: not installed); its recorded output
              # is measurements.ib_write_bw
-             "perftest"}
+             "perftest",
+             # storage and swap: python_paths {venv, torch}; disks {mount point: {total_bytes,
+             # free_bytes}}; swaps [{name, type, size_bytes, used_bytes}] or /proc/swaps text;
+             # BMC: ipmitool {device, sdr, sel_elist}; DCGM: dcgm {path, diag}. See
+             # FixtureBackend.disk_usage and _tool_answer for the forms.
+             "python_paths", "disks", "swaps", "ipmitool", "dcgm"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
@@ -480,6 +488,80 @@ class FixtureBackend(Backend):
         info = self._host.get("perftest")
         return None if info is None else {"path": str(info.get("path", "/usr/bin/ib_write_bw")),
                                           "cuda": bool(info.get("cuda", False))}
+
+    # --- Storage, swap, BMC, DCGM ----------------------------------------------------------------
+    def python_paths(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in (self._host.get("python_paths") or {}).items()}
+
+    def disk_usage(self, path: str) -> DiskUsage:
+        """host.disks maps mount points to {total_bytes, free_bytes} (or {error: text}); a path
+        is on the longest mount point that contains it, as on a real file system."""
+        disks = self._host.get("disks")
+        if disks is None:
+            raise NotSupported("disk usage not given in the scenario")
+        parts = Path(path).parts
+        mounts = sorted((m for m in disks if parts[:len(Path(m).parts)] == Path(m).parts),
+                        key=lambda m: len(Path(m).parts), reverse=True)
+        if not mounts:
+            raise HardwareError(f"statvfs {path}: no such file or directory (scenario)")
+        spec = _value(disks[mounts[0]])
+        return DiskUsage(path=str(mounts[0]), total_bytes=int(spec["total_bytes"]),
+                         free_bytes=int(spec["free_bytes"]))
+
+    def swaps(self) -> list[SwapArea]:
+        if "swaps" not in self._host:
+            raise NotSupported("swap state not given in the scenario")
+        value = _value(self._host["swaps"])
+        if isinstance(value, str):
+            from checks.hw.linux import parse_proc_swaps
+
+            return parse_proc_swaps(value)
+        return [SwapArea(name=str(a["name"]), kind=str(a.get("type", "partition")),
+                         size_bytes=int(a["size_bytes"]), used_bytes=int(a.get("used_bytes", 0)),
+                         priority=int(a.get("priority", -2))) for a in value or []]
+
+    def ipmitool(self) -> dict[str, Any] | None:
+        spec = self._host.get("ipmitool")
+        if spec is None:
+            return None
+        return {"path": str(spec.get("path", "/usr/bin/ipmitool")), "device": spec.get("device")}
+
+    def ipmi(self, args: tuple[str, ...], timeout_s: float) -> ToolRun:
+        spec = self._host.get("ipmitool") or {}
+        key = "_".join(args)  # ("sdr",) -> sdr; ("sel", "elist") -> sel_elist
+        return self._tool_answer(("ipmitool", *args), spec.get(key), timeout_s)
+
+    def dcgmi(self) -> str | None:
+        spec = self._host.get("dcgm")
+        return None if spec is None else str(spec.get("path", "/usr/bin/dcgmi"))
+
+    def dcgm_diag(self, run: str, timeout_s: float) -> ToolRun:
+        """host.dcgm.diag: one answer for any run level, or {<level>: answer}."""
+        diag = (self._host.get("dcgm") or {}).get("diag")
+        if isinstance(diag, dict) and str(run) in {str(k) for k in diag}:
+            diag = {str(k): v for k, v in diag.items()}[str(run)]
+        return self._tool_answer(("dcgmi", "diag", "-r", str(run), "-j"), diag, timeout_s)
+
+    def _tool_answer(self, argv: tuple[str, ...], answer: Any, timeout_s: float) -> ToolRun:
+        """A recorded tool run: text (its stdout, exit 0), or {stdout | file, rc, stderr}, or
+        {timed_out: true} (it never finished: killed at the deadline), or {error: text} (it
+        could not be started). `file` is relative to the scenario's directory."""
+        if answer is None:
+            raise HardwareError(f"{' '.join(argv)}: no answer recorded in the scenario")
+        if isinstance(answer, str):
+            answer = {"stdout": answer}
+        answer = _value(answer) if set(answer) == {"error"} else answer
+        if answer.get("timed_out"):
+            return ToolRun(argv, None, str(answer.get("stdout", "")), "", True, timeout_s)
+        stdout = str(answer.get("stdout", ""))
+        if "file" in answer:
+            base = Path(self.path).parent if self.path != "<memory>" else SCENARIO_DIR
+            try:
+                stdout = (base / str(answer["file"])).read_text()
+            except OSError as exc:
+                raise ScenarioError(f"{self.path}: {answer['file']}: {exc.strerror}") from None
+        return ToolRun(argv, int(answer.get("rc", 0)), stdout, str(answer.get("stderr", "")),
+                       False, float(answer.get("duration_s", 0.0)))
 
     def torch(self) -> TorchInfo:
         spec = dict(self.scenario.get("torch") or {})

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import resource
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from checks.hw import nvml as nvml_module
-from checks.hw.base import Backend, HardwareError, Nvml, PciDevice, RdmaDevice, ShmInfo, TorchInfo
+from checks.hw.base import (
+    Backend,
+    DiskUsage,
+    HardwareError,
+    Nvml,
+    PciDevice,
+    RdmaDevice,
+    ShmInfo,
+    SwapArea,
+    ToolRun,
+    TorchInfo,
+)
 from checks.hw.torchview import read_torch
 
 SYS_PCI = Path("/sys/bus/pci/devices")
@@ -276,6 +291,67 @@ class LinuxBackend(Backend):
         except OSError:
             return []
 
+    def own_pids(self) -> set[int]:
+        return {os.getpid()}
+
+    # --- Storage, swap, BMC, DCGM ----------------------------------------------------------------
+    def python_paths(self) -> dict[str, str]:
+        import importlib.util
+
+        paths = {"venv": sys.prefix}
+        try:
+            spec = importlib.util.find_spec("torch")  # located, not imported
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            paths["torch"] = str(Path(spec.origin).parent)
+        return paths
+
+    def disk_usage(self, path: str) -> DiskUsage:
+        # A checkpoint directory not created yet lands on its nearest existing parent.
+        target = Path(path)
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        try:
+            st = os.statvfs(target)
+        except OSError as exc:
+            raise HardwareError(f"statvfs {target}: {exc.strerror or exc}") from exc
+        # Named by its mount point, so paths on one file system are judged once.
+        mount = target.resolve()
+        while not os.path.ismount(mount) and mount != mount.parent:
+            mount = mount.parent
+        return DiskUsage(path=str(mount), total_bytes=st.f_blocks * st.f_frsize,
+                         free_bytes=st.f_bavail * st.f_frsize)
+
+    def swaps(self) -> list[SwapArea]:
+        try:
+            text = Path("/proc/swaps").read_text()
+        except OSError as exc:
+            raise HardwareError(f"/proc/swaps: {exc.strerror or exc}") from exc
+        return parse_proc_swaps(text)
+
+    def ipmitool(self) -> dict[str, Any] | None:
+        binary = shutil.which("ipmitool")
+        if binary is None:
+            return None
+        device = next((str(d) for d in IPMI_DEVICES if d.exists()), None)
+        return {"path": binary, "device": device}
+
+    def ipmi(self, args: tuple[str, ...], timeout_s: float) -> ToolRun:
+        binary = shutil.which("ipmitool")
+        if binary is None:
+            raise HardwareError("ipmitool is not installed")
+        return run_tool((binary, *args), timeout_s)
+
+    def dcgmi(self) -> str | None:
+        return shutil.which("dcgmi")
+
+    def dcgm_diag(self, run: str, timeout_s: float) -> ToolRun:
+        binary = shutil.which("dcgmi")
+        if binary is None:
+            raise HardwareError("dcgmi is not installed")
+        return run_tool((binary, "diag", "-r", run, "-j"), timeout_s)
+
     def torch(self) -> TorchInfo:
         if self._torch is None:
             self._torch = read_torch()
@@ -294,6 +370,44 @@ class LinuxBackend(Backend):
         from checks.hw.measure import local  # torch is imported only when a workload check runs
 
         return local.run(self, name, **params)
+
+
+# In-band IPMI device nodes, as ipmitool's open interface looks for them (ipmitool(1), -I open).
+IPMI_DEVICES = (Path("/dev/ipmi0"), Path("/dev/ipmi/0"), Path("/dev/ipmidev/0"))
+
+
+def parse_proc_swaps(text: str) -> list[SwapArea]:
+    """/proc/swaps: a header line, then `Filename Type Size Used Priority` (sizes in KiB)."""
+    areas = []
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        try:
+            areas.append(SwapArea(name=parts[0], kind=parts[1], size_bytes=int(parts[2]) * 1024,
+                                  used_bytes=int(parts[3]) * 1024, priority=int(parts[4])))
+        except ValueError:
+            raise HardwareError(f"/proc/swaps: cannot parse {line.strip()!r}") from None
+    return areas
+
+
+def run_tool(argv: tuple[str, ...], timeout_s: float) -> ToolRun:
+    """Run an external tool in its own process group; at the deadline the whole group is
+    killed (a BMC that does not answer, a diagnostic that hangs) and the run says so."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as exc:
+        raise HardwareError(f"{argv[0]}: {exc.strerror or exc}") from exc
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return ToolRun(argv, proc.returncode, out, err, False, time.monotonic() - start)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # the group ended on its own meanwhile
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return ToolRun(argv, None, out or "", err or "", True, time.monotonic() - start)
 
 
 def _pci_path(entry: Path) -> tuple[str, ...]:

@@ -240,6 +240,10 @@ class RealGpu(GpuHandle):
             "fabric_info": self._fabric_info,
             "compute_mode": self._compute_mode,
             "minor_number": lambda: int(self._c(n.nvmlDeviceGetMinorNumber)),
+            "memory_used_bytes": lambda: int(self._c(n.nvmlDeviceGetMemoryInfo).used),
+            "compute_processes": self._compute_processes,
+            "vbios_version": lambda: _text(self._c(n.nvmlDeviceGetVbiosVersion)),
+            "inforom_image_version": lambda: _text(self._c(n.nvmlDeviceGetInforomImageVersion)),
         }
 
     def _c(self, fn: Callable[..., Any], *args: Any, what: str | None = None) -> Any:
@@ -417,6 +421,27 @@ class RealGpu(GpuHandle):
         if mode not in modes:
             raise HardwareError(f"compute mode {mode} is not one NVML documents")
         return modes[mode]
+
+    def _compute_processes(self) -> list[dict[str, Any]]:
+        """Processes with a compute context on this GPU. The _v3 entry point where the driver
+        has it, else _v2 (drivers before 510 lack _v3). The name comes from
+        nvmlSystemGetProcessName, None when NVML cannot name it (a PID of another PID namespace
+        answers NOT_FOUND)."""
+        n = self._nvml._n
+        procs = self._older("nvmlDeviceGetComputeRunningProcesses_v3",
+                            "nvmlDeviceGetComputeRunningProcesses_v2")
+        out = []
+        for proc in procs:
+            pid = int(proc.pid)
+            try:
+                name: str | None = _text(self._nvml._call(
+                    n.nvmlSystemGetProcessName, pid, what=f"nvmlSystemGetProcessName({pid})"))
+            except HardwareError:
+                name = None
+            used = proc.usedGpuMemory
+            out.append({"pid": pid, "name": name or None,
+                        "used_memory_bytes": None if used is None else int(used)})
+        return out
 
     def query(self, field_name: str) -> Any:
         try:

@@ -145,7 +145,35 @@ def system_facts(hw: Backend) -> dict[str, Any]:
             facts[key] = read()
         except (HardwareError, OSError):
             facts[key] = None
+    facts["gpu_firmware"] = gpu_firmware(hw)
     return facts
+
+
+def gpu_firmware(hw: Backend) -> list[dict[str, Any]] | None:
+    """VBIOS and InfoROM image of every GPU NVML lists, for comparing nodes across a fleet
+    (check gpu-firmware compares them within the node). None without NVML; a value NVML does
+    not give is None."""
+    try:
+        nvml = hw.nvml()
+        count = nvml.device_count()
+    except HardwareError:
+        return None
+    found: list[dict[str, Any]] = []
+    for index in range(count):
+        entry: dict[str, Any] = {"index": index}
+        try:
+            gpu = nvml.gpu(index)
+        except HardwareError:
+            found.append({**entry, "lost": True})
+            continue
+        for key, field_name in (("name", "name"), ("uuid", "uuid"), ("vbios", "vbios_version"),
+                                ("inforom", "inforom_image_version")):
+            try:
+                entry[key] = gpu.query(field_name)
+            except HardwareError:
+                entry[key] = None
+        found.append(entry)
+    return found
 
 
 def _progress_listener(progress: Progress, total: int) -> runner.Listener:

@@ -216,7 +216,58 @@ class Recorder:
         host["services"] = _drop_missing(host["services"])
         host["memory_peers"] = self.fact("memory_peers", hw.memory_peers)
         host["net_interfaces"] = self.fact("net_interfaces", hw.net_interfaces)
+        self.storage(host)
         return _drop_missing(host)
+
+    def storage(self, host: dict[str, Any]) -> None:
+        """The Python environment's paths, the file systems under them, and swap (disk-space
+        and swap checks). What the backend does not provide (NotSupported) is left out, so the
+        simulation answers the same way."""
+        hw = self.hw
+        paths = self.fact("python_paths", hw.python_paths)
+        if paths is _MISSING:
+            return
+        host["python_paths"] = paths
+        disks: dict[str, Any] = {}
+        for path in paths.values():
+            try:
+                du = self.read(functools.partial(hw.disk_usage, path))
+            except NotSupported:
+                disks = {}
+                break
+            except Exception as exc:  # written down as the simulation's answer
+                disks[path] = {"error": _one_line(exc)}
+                continue
+            disks[du.path] = {"total_bytes": du.total_bytes, "free_bytes": du.free_bytes}
+        if disks:
+            host["disks"] = disks
+        try:
+            host["swaps"] = [{"name": a.name, "type": a.kind, "size_bytes": a.size_bytes,
+                              "used_bytes": a.used_bytes, "priority": a.priority}
+                             for a in self.read(hw.swaps)]
+        except NotSupported:
+            pass
+        except Exception as exc:
+            host["swaps"] = {"error": _one_line(exc)}
+        self.bmc(host)
+
+    def bmc(self, host: dict[str, Any]) -> None:
+        """ipmitool and, with the in-band device, what `sdr` and `sel elist` answered."""
+        tool = self.fact("ipmitool", self.hw.ipmitool)
+        if not tool or tool is _MISSING:
+            return
+        host["ipmitool"] = dict(tool)
+        if not tool.get("device"):
+            return
+        for key, args in (("sdr", ("sdr",)), ("sel_elist", ("sel", "elist"))):
+            try:
+                run = self.hw.ipmi(args, self.timeout_s)
+            except Exception as exc:  # the simulation answers with the same error
+                host["ipmitool"][key] = {"error": _one_line(exc)}
+                continue
+            host["ipmitool"][key] = ({"timed_out": True} if run.timed_out else
+                                     {"rc": run.returncode, "stdout": run.stdout,
+                                      "stderr": run.stderr})
 
     # -- RDMA fabric (issue 11) ---------------------------------------------------------------
     def rdma(self, host: dict[str, Any]) -> Any:

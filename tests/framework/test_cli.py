@@ -81,12 +81,14 @@ def test_junit_output(tmp_path: Path) -> None:
 def test_only_and_skip_select_by_id_and_tag(run_cli) -> None:
     _, report, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "host,gpu-count")
     ids = [c["id"] for c in report["checks"]]
-    assert ids == ["os-supported", "nouveau-not-loaded", "secure-boot", "shm-size",
-                   "memlock-limit", "cpu-numa", "gpu-count"]
+    # Within a stage, checks run module by module (bmc, host, storage).
+    assert ids == ["bmc-sensors", "os-supported", "nouveau-not-loaded", "secure-boot", "shm-size",
+                   "memlock-limit", "cpu-numa", "disk-space", "swap", "gpu-count"]
     _, report, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--level", "quick",
                            "--skip", "health,inventory")
     assert {c["id"] for c in report["checks"]} == {
-        "os-supported", "nouveau-not-loaded", "secure-boot", "shm-size", "memlock-limit", "cpu-numa"}
+        "os-supported", "nouveau-not-loaded", "secure-boot", "shm-size", "memlock-limit", "cpu-numa",
+        "bmc-sensors", "disk-space", "swap"}
 
 
 def test_expectations_from_the_command_line(run_cli) -> None:

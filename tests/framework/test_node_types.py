@@ -25,7 +25,8 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "checks" / "scenarios"
 LOST = "0000:5d:00.0"
 # Checks that give one result per NVML GPU.
 PER_GPU = ("persistence-mode", "ecc-errors", "retired-pages", "row-remap", "pcie-link",
-           "clock-throttle", "gpu-temperature", "gpu-power", "nvlink", "mig-mode", "compute-mode")
+           "clock-throttle", "gpu-temperature", "gpu-power", "nvlink", "mig-mode", "compute-mode",
+           "gpu-occupied", "gpu-firmware")
 BAD = W("FAIL", "ERROR")
 KERNEL_LOG = ("xid-events", "nvswitch-sxid", "pcie-aer")  # the checks that read the kernel log
 

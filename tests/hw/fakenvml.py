@@ -84,6 +84,11 @@ class FakeGpu:
     minor_number: int = 0
     fabric: FakeFabric | None = None  # None: NOT_SUPPORTED
     lost: bool = False  # nvmlDeviceGetHandleByIndex answers GPU_IS_LOST
+    memory_used: int = 1 << 20  # nvmlDeviceGetMemoryInfo .used
+    # (pid, used GPU memory bytes) per compute process; names: FakeNvmlLibrary.process_names
+    processes: list[tuple[int, int]] = field(default_factory=list)
+    vbios: str = "96.00.89.00.01"
+    inforom_image: str = "G520.0200.00.05"
     # "nvmlDeviceGetNvLinkState" (every call) or "nvmlDeviceGetNvLinkState:3" (first argument
     # after the handle is 3) -> an NVML return code, or HANG
     errors: dict[str, int | str] = field(default_factory=dict)
@@ -122,8 +127,12 @@ class FakeNvmlLibrary:
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "580.65.06", cuda: int = 13000,
                  init_error: int | None = None, missing: tuple[str, ...] = (),
-                 system_errors: dict[str, int | str] | None = None) -> None:
+                 system_errors: dict[str, int | str] | None = None,
+                 process_names: dict[int, str] | None = None) -> None:
         self.gpus = gpus
+        # pid -> name for nvmlSystemGetProcessName; a pid not listed answers NOT_FOUND (what a
+        # PID of another PID namespace gets)
+        self.process_names = process_names or {}
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
@@ -275,9 +284,49 @@ class FakeNvmlLibrary:
     @_c("nvmlDeviceGetMemoryInfo", P, device=True)
     def _memory(self, gpu: FakeGpu, out: int) -> int:
         mem = n.c_nvmlMemory_t.from_address(out)
-        mem.total, mem.used = gpu.memory_total, 1 << 20
+        mem.total, mem.used = gpu.memory_total, gpu.memory_used
         mem.free = gpu.memory_total - mem.used
         return n.NVML_SUCCESS
+
+    # --- occupancy and firmware ---------------------------------------------------------------
+
+    def _processes(self, gpu: FakeGpu, count: int, infos: int | None) -> int:
+        """Both calls of pynvml's two-step read: the count first (NULL array), then the array."""
+        have = c_uint.from_address(count)
+        if not gpu.processes:
+            have.value = 0
+            return n.NVML_SUCCESS
+        if infos is None or have.value < len(gpu.processes):
+            have.value = len(gpu.processes)
+            return n.NVML_ERROR_INSUFFICIENT_SIZE
+        array = (n.c_nvmlProcessInfo_v2_t * len(gpu.processes)).from_address(infos)
+        for slot, (pid, used) in zip(array, gpu.processes, strict=True):
+            slot.pid, slot.usedGpuMemory = pid, used
+            slot.gpuInstanceId = slot.computeInstanceId = 0xFFFFFFFF
+        have.value = len(gpu.processes)
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetComputeRunningProcesses_v3", P, P, device=True)
+    def _processes_v3(self, gpu: FakeGpu, count: int, infos: int | None) -> int:
+        return self._processes(gpu, count, infos)
+
+    @_c("nvmlDeviceGetComputeRunningProcesses_v2", P, P, device=True)
+    def _processes_v2(self, gpu: FakeGpu, count: int, infos: int | None) -> int:
+        return self._processes(gpu, count, infos)
+
+    @_c("nvmlSystemGetProcessName", U, P, U)
+    def _process_name(self, pid: int, buf: int, size: int) -> int:
+        if pid not in self.process_names:
+            return n.NVML_ERROR_NOT_FOUND
+        return _put_text(buf, size, self.process_names[pid])
+
+    @_c("nvmlDeviceGetVbiosVersion", P, U, device=True)
+    def _vbios(self, gpu: FakeGpu, buf: int, size: int) -> int:
+        return _put_text(buf, size, gpu.vbios)
+
+    @_c("nvmlDeviceGetInforomImageVersion", P, U, device=True)
+    def _inforom_image(self, gpu: FakeGpu, buf: int, size: int) -> int:
+        return _put_text(buf, size, gpu.inforom_image)
 
     # --- modes -------------------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ DISTINCT = dict(
     compute_mode=n.NVML_COMPUTEMODE_PROHIBITED, minor_number=5,
     fabric=FakeFabric(state=n.NVML_GPU_FABRIC_STATE_COMPLETED, status=n.NVML_SUCCESS,
                       cluster_uuid=bytes.fromhex("8d3f5a7e1c2b4e6f9a0b1c2d3e4f5061"), clique_id=32766),
+    memory_used=4_194_304_000, processes=[(4242, 1_073_741_824), (777, 2_097_152)],
+    vbios="96.00.74.00.11", inforom_image="G520.0200.00.05",
 )
 
 EXPECTED = {
@@ -100,6 +102,12 @@ EXPECTED = {
                     "cluster_uuid": "8d3f5a7e-1c2b-4e6f-9a0b-1c2d3e4f5061", "clique_id": 32766},
     "compute_mode": "prohibited",
     "minor_number": 5,
+    "memory_used_bytes": 4_194_304_000,
+    # pid 777 has no name: NVML answers NOT_FOUND for it (another PID namespace)
+    "compute_processes": [{"pid": 4242, "name": "python3", "used_memory_bytes": 1_073_741_824},
+                          {"pid": 777, "name": None, "used_memory_bytes": 2_097_152}],
+    "vbios_version": "96.00.74.00.11",
+    "inforom_image_version": "G520.0200.00.05",
 }
 
 
@@ -109,7 +117,7 @@ def test_expected_values_cover_every_gpu_field() -> None:
 
 @pytest.mark.parametrize("field_name", GPU_FIELDS)
 def test_every_field_reads_through_pynvml(fake_nvml: Any, field_name: str) -> None:
-    gpu = open_gpu(fake_nvml, FakeGpu(**DISTINCT))
+    gpu = open_gpu(fake_nvml, FakeGpu(**DISTINCT), process_names={4242: "python3"})
     assert gpu.query(field_name) == EXPECTED[field_name]
 
 

@@ -1,0 +1,89 @@
+"""GPUs already in use before the jobs start: other processes' compute contexts, memory held.
+
+A GPU that another process holds (a zombie of an earlier job, a stuck container, a process of
+another PID namespace) makes the jobs run out of memory or share the GPU. NVML lists compute
+processes with host PIDs (nvmlDeviceGetComputeRunningProcesses); a process NVML cannot name may
+live in another PID namespace or be a zombie that no longer exists in /proc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from checks.hw.base import NotSupported
+from checks.model import Result, Status, fail, passed, warn
+from checks.node.context import Context, Gpu
+from checks.node.perdevice import each_gpu
+from checks.node.registry import check
+
+MIB = 1 << 20
+REMEDY_PROCESS = ("stop the listed processes (nvidia-smi --query-compute-apps=pid,"
+                  "process_name,used_memory --format=csv); a PID that `kill` cannot find "
+                  "belongs to another PID namespace (a container: stop that container) or is a "
+                  "zombie whose context only a GPU reset (nvidia-smi -r) or a reboot frees")
+REMEDY_MEMORY = ("memory is held with no compute process NVML lists: look for processes of "
+                 "other containers (run nvidia-smi on the host), then reset the GPU "
+                 "(nvidia-smi -r -i <index>, with nothing else on it) or reboot")
+
+
+def _status(name: str) -> Status:
+    value = str(name).upper()
+    if value not in ("FAIL", "WARN"):
+        raise ValueError(f"occupancy status must be fail or warn, got {name!r}")
+    return Status(value)
+
+
+def _describe(proc: dict[str, Any]) -> str:
+    name = proc.get("name") or "name unknown"
+    used = proc.get("used_memory_bytes")
+    return f"pid {proc['pid']} ({name}{'' if used is None else f', {used / MIB:.0f} MiB'})"
+
+
+@check("gpu-occupied", code="GPU050", title="no other process holds the GPUs before the jobs",
+       needs=("driver-loaded",))
+def gpu_occupied(ctx: Context) -> Iterator[Result]:
+    """Compute processes that are not this tool (nvmlDeviceGetComputeRunningProcesses) fail
+    (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes
+    with no such process warns, above occupancy.memory_used_fail_fraction of the GPU's memory
+    fails. Runs before the workload checks, which would otherwise measure a shared GPU."""
+    p = ctx.profile
+    process_status = _status(p.require("occupancy.process_status"))
+    warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
+    fail_fraction = float(p.require("occupancy.memory_used_fail_fraction"))
+    own = ctx.hw.own_pids()
+    container = ctx.hw.container()
+    pid_note = (f"; this runs in a container ({container}): NVML gives host PIDs, which it may "
+                "neither see nor stop" if container else "")
+
+    def measure(gpu: Gpu) -> Result:
+        q = gpu.handle.query
+        used, total = int(q("memory_used_bytes")), int(q("memory_total_bytes"))
+        try:
+            procs: list[dict[str, Any]] | None = list(q("compute_processes"))
+        except NotSupported:
+            procs = None  # e.g. vGPU guests; the memory figure still tells
+        details: dict[str, Any] = {"memory_used_bytes": used, "memory_total_bytes": total,
+                                   "processes": procs}
+        foreign = [pr for pr in procs or [] if pr["pid"] not in own]
+        mine = sum(int(pr.get("used_memory_bytes") or 0) for pr in procs or []
+                   if pr["pid"] in own)
+        held = used - mine
+        expected = f"no other process; < {warn_bytes / MIB:.0f} MiB used"
+        if foreign:
+            listed = ", ".join(_describe(pr) for pr in foreign)
+            message = (f"{len(foreign)} other process(es) hold a compute context: {listed}; "
+                       f"{used / MIB:.0f} MiB of {total / MIB:.0f} MiB in use" + pid_note)
+            return Result(process_status, message, value=len(foreign), unit="processes",
+                          expected=expected, details=details, remedy=REMEDY_PROCESS)
+        unlisted = ("NVML does not list processes on this GPU" if procs is None
+                    else "no compute process listed")
+        if held > warn_bytes:
+            judged = fail if held > fail_fraction * total else warn
+            return judged(f"{held / MIB:.0f} MiB of {total / MIB:.0f} MiB in use with "
+                          f"{unlisted}" + pid_note, value=round(held / MIB), unit="MiB",
+                          expected=expected, details=details, remedy=REMEDY_MEMORY)
+        return passed(f"free: {unlisted}, {used / MIB:.0f} MiB in use", value=round(held / MIB),
+                      unit="MiB", expected=expected, details=details)
+
+    yield from each_gpu(ctx, measure)
