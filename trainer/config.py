@@ -23,13 +23,24 @@ CONTROLS: dict[str, str] = {
     "accum-no-divide": "accum: micro-batch losses not divided by the accumulation steps",
     "loader-no-sampler": "loader: DataLoader(shuffle=True) without DistributedSampler",
     "ckpt-no-optim": "ckpt: resumed without the optimizer state (momentum restarts at zero)",
+    # The feature a job names left out: the numbers may still agree, so the job's own
+    # observation of the feature (dtype seen, worker ids, graphs run) must catch it.
+    "bf16-no-autocast": "bf16: the forward runs without autocast (plain fp32)",
+    "fsdp-no-mp": "fsdp: the mixed-precision run is sharded without its MixedPrecisionPolicy",
+    "loader-no-workers": "loader: num_workers=0 (batches built in the training process)",
+    "compile-eager": "compile: the compiled model is bypassed and the eager module trains",
+    "ddp-fp16-allreduce": "ddp: gradients all-reduced in fp16 (DDP's fp16_compress_hook)",
+    "throughput-frozen": "throughput: learning rate 0 (the model cannot learn)",
 }
 CONTROL_JOB = {"sum-loss": "ddp", "no-set-epoch": "ddp", "pad-indices": "ddp",
                "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn",
                "tf32": "single",
                "fsdp-early-optimizer": "fsdp", "tp-rank-data": "tp", "bf16-weights": "bf16",
                "compile-outer": "compile", "accum-no-divide": "accum",
-               "loader-no-sampler": "loader", "ckpt-no-optim": "ckpt"}
+               "loader-no-sampler": "loader", "ckpt-no-optim": "ckpt",
+               "bf16-no-autocast": "bf16", "fsdp-no-mp": "fsdp", "loader-no-workers": "loader",
+               "compile-eager": "compile", "ddp-fp16-allreduce": "ddp",
+               "throughput-frozen": "throughput"}
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 # Default tolerances per dtype (|actual - expected| <= atol + rtol * |expected|, elementwise).
@@ -84,7 +95,7 @@ class TrainConfig:
         unknown = [c for c in self.controls if c not in CONTROLS]
         if unknown:
             raise ValueError(f"unknown negative control {', '.join(unknown)} "
-                             f"(known: {', '.join(CONTROLS)})")
+                             "(`python -m trainer --help` lists them)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -58,8 +58,17 @@ def test_new_job_passes_its_acceptance_check_on_4_cpu_ranks(stage4: dict, job: s
     result = stage4["results"][job]
     assert result.status == "PASS", result.message
     assert result.details["world_size"] == 4
+    # Not the PASS condition again (every comparison ok): the margins. Exact comparisons and
+    # observed facts are exact; tolerance comparisons sit 5x inside (measured 20x and more).
     comparisons = result.details["comparisons"]
-    assert len(comparisons) >= 2 and all(c["ok"] for c in comparisons)
+    assert len(comparisons) >= 2
+    for c in comparisons:
+        if c["atol"] > 0:
+            assert c["max_abs"] < c["atol"] / 5, c
+        elif c["rtol"] > 0:  # a loss band
+            assert c["max_rel"] < c["rtol"] / 2, c
+        else:
+            assert c["max_abs"] == 0, c
 
 
 @pytest.mark.slow
@@ -81,7 +90,13 @@ def test_throughput_reports_figures_as_information_on_cpu(stage4: dict) -> None:
     fig = result.details["figures"]
     assert fig["throughput_tokens_per_s"] > 0 and fig["throughput_peak_memory_bytes"] > 0
     assert set(result.details["scaling_ranks"]) == {1, 2, 4}
-    assert 0 < fig["throughput_weak_scaling_efficiency"] < 10
+    # 4 ranks on 2 shared cores cannot scale beyond 1 (1.25: timing noise), and the figure is
+    # the ratio it claims to be
+    assert 0 < fig["throughput_weak_scaling_efficiency"] <= 1.25
+    assert fig["throughput_weak_scaling_efficiency"] == pytest.approx(
+        fig["throughput_tokens_per_s_4_ranks"] / (4 * fig["throughput_tokens_per_s_1_ranks"]))
+    assert result.details["probe_loss_after"] <= (1 - throughput.LEARN_MIN_DROP) * \
+        result.details["probe_loss_before"]
     assert result.unit == "tokens/s per rank" and result.value == fig[
         "throughput_tokens_per_s_per_rank"]
 
@@ -133,10 +148,13 @@ def test_negative_control_fails_its_comparison(controls4: SuiteOutcome, control:
 
 # --- pure logic -------------------------------------------------------------------------------
 
-def test_every_new_job_has_a_negative_control_except_throughput() -> None:
+def test_every_new_job_has_a_negative_control() -> None:
     from trainer.config import CONTROL_JOB
+    from trainer.config import CONTROLS as ALL
 
     assert set(CONTROL_JOB[c] for c in CONTROLS) == set(NEW) - {"throughput"}
+    assert set(CONTROL_JOB.values()) >= set(NEW)  # throughput's is in test_acceptance_e2e
+    assert set(CONTROL_JOB) == set(ALL)
     assert set(NEW) == set(MODERN)
 
 

@@ -133,3 +133,90 @@ def test_acceptance_checks_are_registered() -> None:
         "tp": "ACC009", "bf16": "ACC010", "compile": "ACC011", "accum": "ACC012",
         "loader": "ACC013", "ckpt": "ACC014", "throughput": "ACC015"}
     assert all(c.level == "standard" and c.stage == "acceptance" for c in codes.values())
+
+
+# --- observing that a named feature ran (no process group) -----------------------------------
+
+def test_dtype_probe_sees_autocast_bf16_and_its_absence() -> None:
+    from trainer.jobs import common
+    from trainer.models import mlp
+
+    model = mlp(8)
+    x = torch.randn(4, 16)
+    probe = common.DtypeProbe(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    on = probe.remove()
+    assert on == {"outputs": ["bfloat16"], "weights": ["float32"], "calls": 3}
+    probe = common.DtypeProbe(model)
+    model(x)  # autocast left off
+    off = probe.remove()
+    assert off["outputs"] == ["float32"]
+    assert common.saw_only("autocast", [on, on], "outputs", "bfloat16").ok
+    bad = common.saw_only("autocast", [on, off], "outputs", "bfloat16")
+    assert not bad.ok and bad.worst == "rank 1 saw float32, not bfloat16"
+    none = common.saw_only("autocast", [{"outputs": [], "weights": [], "calls": 0}], "outputs",
+                           "bfloat16")
+    assert not none.ok and "no forward" in none.worst
+
+
+def test_workers_used_needs_every_worker_on_every_rank() -> None:
+    from trainer.jobs.loader import workers_used
+
+    assert workers_used([[0, 1], [0, 1]], 2).ok
+    main_process = workers_used([[-1], [-1]], 2)
+    assert not main_process.ok and "rank 0 got batches from worker id(s) [-1]" in main_process.worst
+    assert not workers_used([[0, 1], [0]], 2).ok  # one rank's second worker never delivered
+    assert not workers_used([[], []], 0).ok  # no workers cannot pass
+
+
+def test_worker_tagged_dataset_names_the_worker_that_read_each_sample() -> None:
+    from torch.utils.data import DataLoader
+
+    from trainer.jobs.loader import WorkerTagged
+
+    data = WorkerTagged(TeacherDataset(8, (16,), 4, seed=1))
+    assert {int(i) for _, _, w in DataLoader(data, batch_size=2) for i in w} == {-1}
+    ids = {int(i) for _, _, w in DataLoader(data, batch_size=2, num_workers=2) for i in w}
+    assert ids == {0, 1}
+
+
+def test_dataparallel_on_a_cpu_host_is_observed_as_one_device() -> None:
+    """On a host without 2 GPUs DataParallel is a pass-through: the replica probe sees the one
+    device it ran on, and the observation FAILs where the numbers alone would pass."""
+    from torch import nn
+
+    from trainer.jobs.dp import ReplicaProbe, replicas_ran
+    from trainer.models import mlp
+
+    base = mlp(8)
+    probe = ReplicaProbe(base)
+    nn.DataParallel(base)(torch.randn(4, 16))
+    devices = probe.remove()
+    assert devices == ["cpu"]
+    bad = replicas_ran(devices, 2)
+    assert not bad.ok and bad.worst == "forward ran on cpu, not on each of cuda:0, cuda:1"
+    assert replicas_ran(["cuda:1", "cuda:0"], 2).ok
+    assert not replicas_ran(["cuda:0"], 2).ok
+
+
+@pytest.mark.parametrize(("before", "after", "ok"), [
+    (5.693, 5.168, True),    # measured: 8 CPU steps at lr 1e-3
+    (5.693, 5.693, False),   # learning rate 0
+    (5.693, 5.60, False),    # 1.6 %: below LEARN_MIN_DROP
+    (5.693, float("nan"), False),
+    (float("inf"), 1.0, False),
+])
+def test_throughput_learning_rule(before: float, after: float, ok: bool) -> None:
+    from trainer.jobs import throughput
+
+    assert throughput.LEARN_MIN_DROP == 0.02
+    assert throughput.learned(before, after) is ok
+
+
+def test_acceptance_test_controls_come_from_the_environment_for_launched_jobs_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(acceptance.ENV_CONTROLS, "bf16-no-autocast,,loader-no-workers,bogus")
+    assert acceptance.test_controls(["bf16", "ddp"]) == ["bf16-no-autocast"]
+    monkeypatch.delenv(acceptance.ENV_CONTROLS)
+    assert acceptance.test_controls(["bf16"]) == []

@@ -131,6 +131,39 @@ def holds(name: str, ok: bool, why: str) -> Comparison:
                       ok, "" if ok else why)
 
 
+class DtypeProbe:
+    """Records the dtypes the Linear layers of a module really saw during forward passes (their
+    weight as used and their output), so a job can prove the precision it names was in effect
+    (autocast, FSDP's param_dtype) rather than assume it. Forward hooks travel with the module
+    into DDP, FSDP and DataParallel replicas."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.outputs: set[str] = set()
+        self.weights: set[str] = set()
+        self.calls = 0
+        self._handles = [m.register_forward_hook(self._hook) for m in module.modules()
+                         if isinstance(m, nn.Linear)]
+
+    def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        del inputs
+        self.calls += 1
+        self.outputs.add(str(output.dtype).removeprefix("torch."))
+        self.weights.add(str(module.weight.dtype).removeprefix("torch."))
+
+    def remove(self) -> dict[str, Any]:
+        for h in self._handles:
+            h.remove()
+        return {"outputs": sorted(self.outputs), "weights": sorted(self.weights),
+                "calls": self.calls}
+
+
+def saw_only(name: str, seen: list[dict[str, Any]], key: str, want: str) -> Comparison:
+    """Every rank's probe saw only dtype `want` under `key` (and saw something at all)."""
+    bad = [(r, s[key]) for r, s in enumerate(seen) if s["calls"] == 0 or s[key] != [want]]
+    return holds(name, not bad, "" if not bad else
+                 f"rank {bad[0][0]} saw {', '.join(bad[0][1]) or 'no forward'}, not {want}")
+
+
 def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:
     """DDP over a group of its own (the job's collectives never mix with the control group)."""
     from torch.nn.parallel import DistributedDataParallel

@@ -34,6 +34,10 @@ JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
 # proves training ACROSS GPUs, and FAILs when fewer than --expect-gpus are usable.
 PER_DEVICE = ("single", "localize")
 SIMULATED = "simulated hardware: training jobs need the real machine"
+# Tests only, like NODECERT_INJECT: comma-separated negative controls (trainer.config.CONTROLS) the
+# acceptance launch runs with, so a test can make every job FAIL through `python -m checks` and see
+# that FAIL reach the check and the exit code. Named in every result it touched.
+ENV_CONTROLS = "NODECERT_TRAIN_CONTROLS"
 LAUNCH_TIMEOUT_S = 600.0  # the launch kills its ranks by then; the checks' own limit is above
 STALL_S = 90.0
 REMEDY = {
@@ -140,11 +144,27 @@ def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
             # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the
             # compile job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
             cfg = TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count
-                              else "aot_eager")
+                              else "aot_eager", controls=test_controls(p.jobs))
             suite = run_jobs(p.jobs, cfg, nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
                              stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
+            if cfg.controls:
+                from trainer.config import CONTROL_JOB
+
+                for job, report in suite.reports.items():
+                    report.details["negative_controls"] = [
+                        c for c in cfg.controls if CONTROL_JOB[c] == job]
             _cache[ctx] = dict(suite.reports)
         return _cache[ctx]
+
+
+def test_controls(jobs: list[str]) -> list[str]:
+    """The negative controls ENV_CONTROLS asks for whose job is launched (tests only)."""
+    import os
+
+    from trainer.config import CONTROL_JOB
+
+    wanted = [c for c in os.environ.get(ENV_CONTROLS, "").split(",") if c]
+    return [c for c in wanted if CONTROL_JOB.get(c) in jobs]
 
 
 def _result(job: str, report: Any) -> Result:
