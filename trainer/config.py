@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 # Negative controls: deliberate mistakes a job must catch (FAIL its comparison). Used by the tests.
@@ -67,6 +67,8 @@ class TrainConfig:
     # compile job: inductor (what training runs; on CPU it builds C++, ~20 s per cold launch) or
     # aot_eager (dynamo + AOTAutograd + DDP graph splitting, no code generation)
     compile_backend: str = "inductor"
+    # trainer.sizes: auto (large on a GPU, small elsewhere) | small | large
+    size: str = "auto"
 
     def tolerances(self) -> tuple[float, float]:
         rtol, atol = TOLERANCES[self.dtype]
@@ -89,6 +91,10 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(TOLERANCES)}, not {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        from trainer.sizes import SIZES
+
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)}, not {self.size!r}")
         if self.compile_backend not in COMPILE_BACKENDS:
             raise ValueError(f"compile backend must be one of {', '.join(COMPILE_BACKENDS)}, "
                              f"not {self.compile_backend!r}")
@@ -96,6 +102,15 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown negative control {', '.join(unknown)} "
                              "(`python -m trainer --help` lists them)")
+
+    def sized(self, is_cuda: bool) -> TrainConfig:
+        """This config with `size` resolved for the device, and the MLP width it implies (an
+        explicit --hidden other than the small default is kept)."""
+        from trainer.sizes import MLP_SMALL_HIDDEN, mlp_hidden, resolve
+
+        size = resolve(self.size, is_cuda)
+        hidden = mlp_hidden(size) if self.hidden == MLP_SMALL_HIDDEN else self.hidden
+        return replace(self, size=size, hidden=hidden)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

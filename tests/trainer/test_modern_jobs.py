@@ -80,6 +80,9 @@ def test_4_rank_stage_specifics(stage4: dict) -> None:
     assert min(r["compile"].details["graphs_per_rank"]) >= 1
     assert r["accum"].details["buckets_reduced"] >= 2
     assert r["fsdp"].details["comparisons"][3]["max_rel"] < common.BF16_BAND
+    # the size setting ran: small, the CPU default, on every job
+    assert {j: r[j].details["size"]["name"] for j in NEW} == dict.fromkeys(NEW, "small")
+    assert r["ddp" if "ddp" in r else "fsdp"].details["size"]["mlp_hidden"] == 64
 
 
 @pytest.mark.slow
@@ -229,13 +232,15 @@ def test_weak_scaling_sizes(world: int, sizes: list[int]) -> None:
     assert throughput.scaling_sizes(world) == sizes
 
 
-def _throughput_report(backend: str, per_rank_tflops: float, scaling: float) -> JobReport:
+def _throughput_report(backend: str, per_rank_tflops: float, scaling: float,
+                       size: str = "large") -> JobReport:
     figures = {"throughput_tokens_per_s": 8000.0, "throughput_tokens_per_s_per_rank": 1000.0,
                "throughput_model_tflops_per_rank": per_rank_tflops,
                "throughput_weak_scaling_efficiency": scaling, "throughput_flops_per_token": 1e9,
                "throughput_peak_memory_bytes": 1e9}
     return JobReport("throughput", "PASS", "8,000 tokens/s", figures=figures,
-                     details={"backend": backend, "world_size": 8})
+                     details={"backend": backend, "world_size": 8,
+                              "size": {"name": size, "mlp_hidden": 64}})
 
 
 def _profile(**thresholds: float) -> Profile:
@@ -252,6 +257,16 @@ def test_throughput_mfu_against_the_profile_bf16_peak_and_floors() -> None:
     assert low.status.value == "FAIL"
     assert "mfu 0.2 < thresholds.train_mfu 0.3" in low.message
     assert "throughput_weak_scaling_efficiency 0.7 < thresholds.train_weak_scaling 0.8" in low.message
+
+
+def test_throughput_floors_judge_only_the_large_size() -> None:
+    """A GPU run at --size small (GPT-2 small's shape) is information: the floors were set for
+    the large model."""
+    ctx = SimpleNamespace(profile=_profile(train_mfu=0.3))
+    small = acceptance._throughput(ctx, _throughput_report("nccl", 200.0, 0.9, size="small"))  # type: ignore[arg-type]
+    assert small.status.value == "PASS" and "information (no floor applies)" in small.message
+    large = acceptance._throughput(ctx, _throughput_report("nccl", 200.0, 0.9))  # type: ignore[arg-type]
+    assert large.status.value == "FAIL"
 
 
 def test_throughput_floors_do_not_apply_on_cpu() -> None:

@@ -220,3 +220,79 @@ def test_acceptance_test_controls_come_from_the_environment_for_launched_jobs_on
     assert acceptance.test_controls(["bf16", "ddp"]) == ["bf16-no-autocast"]
     monkeypatch.delenv(acceptance.ENV_CONTROLS)
     assert acceptance.test_controls(["bf16"]) == []
+
+
+# --- the size setting ------------------------------------------------------------------------
+
+def test_size_auto_is_small_on_the_cpu_and_large_on_a_gpu() -> None:
+    from trainer import sizes
+
+    cpu, gpu = TrainConfig().sized(False), TrainConfig().sized(True)
+    assert (cpu.size, cpu.hidden) == ("small", 64)
+    assert (gpu.size, gpu.hidden) == ("large", sizes.MLP_LARGE_HIDDEN)
+    assert TrainConfig(hidden=128).sized(True).hidden == 128  # an explicit width is kept
+    assert TrainConfig(size="small").sized(True).hidden == 64
+    with pytest.raises(ValueError, match="size must be one of auto, small, large"):
+        TrainConfig(size="huge").validate()
+
+
+def test_large_mlp_carries_hundreds_of_mb_of_gradients_per_step() -> None:
+    from trainer import sizes
+
+    assert 2e8 < sizes.mlp_gradient_bytes(sizes.MLP_LARGE_HIDDEN) < 1e9
+    assert sizes.mlp_gradient_bytes(64) < 1e5  # the small size: the toy the tests need
+
+
+@pytest.mark.parametrize("name", [n for n in profiles.available()
+                                  if profiles.load(n).get("memory_gib")])
+def test_large_throughput_model_fits_every_profile_and_moves_real_sizes(name: str) -> None:
+    from trainer import sizes
+
+    memory = float(profiles.load(name).get("memory_gib")) * 2 ** 30
+    shape = sizes.large_gpt(memory)
+    assert 1 <= shape.layers <= sizes.MAX_LAYERS
+    assert shape.memory_bytes() <= sizes.MEMORY_FRACTION * memory
+    assert 4 * shape.params() > 5e8  # hundreds of MB of fp32 gradients per step, at least
+
+
+def test_gpt_shape_counts_agree_with_the_torch_model() -> None:
+    from trainer.jobs import throughput
+    from trainer.sizes import GptShape
+
+    shape = GptShape(vocab=50, context=8, width=16, layers=2, heads=2, batch=1)
+    model = throughput.Gpt(throughput.GptSize(50, 8, 16, 2, 2, 1, 0, 1))
+    assert shape.params() == sum(p.numel() for p in model.parameters())
+    assert shape.flops_per_token() == throughput.flops_per_token(
+        model, throughput.GptSize(50, 8, 16, 2, 2, 1, 0, 1))
+
+
+def test_docs_list_each_profiles_large_size_as_generated() -> None:
+    from pathlib import Path
+
+    from trainer import sizes
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()
+    assert sizes.profile_table() in docs, "regenerate: python -c 'from trainer import sizes; " \
+                                          "print(sizes.profile_table())'"
+
+
+def test_mfu_floors_cite_a_source_and_sit_below_it() -> None:
+    """Every profile's train_mfu: a fraction, with a bf16 peak to divide by, and at most half of
+    the public figure its comment quotes."""
+    import re
+    from pathlib import Path
+
+    for path in sorted(Path(profiles.__file__).parent.glob("profiles/*.yaml")):
+        p = profiles.load(path.stem)
+        floor = p.get("thresholds.train_mfu")
+        if floor is None:
+            continue
+        quoted = re.findall(r"MFU ([0-9.]+) %", path.read_text())
+        assert p.get("peaks.bf16_tflops") and quoted, path.name
+        assert 0 < float(floor) <= float(quoted[0]) / 100 / 2, path.name
+
+
+def test_size_large_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ddp", "--size", "large", "--device", "cpu"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--size large is sized from the GPU's memory" in err

@@ -54,6 +54,7 @@ class GptSize:
 
 GPU_SIZE = GptSize(vocab=50304, context=1024, width=768, layers=12, heads=12, batch=8,
                    warmup=5, steps=20)  # GPT-2 small's shape
+LARGE_WARMUP, LARGE_STEPS = 3, 10
 CPU_SIZE = GptSize(vocab=256, context=64, width=64, layers=2, heads=4, batch=4, warmup=2, steps=6)
 
 
@@ -173,8 +174,22 @@ def scaling_sizes(world: int) -> list[int]:
     return sizes if sizes[-1] == world else [*sizes, world]
 
 
+def size_for(env: DistEnv, cfg: TrainConfig) -> GptSize:
+    """small: CPU_SIZE on the CPU, GPT-2 small's shape on a GPU; large (GPU only): the block
+    stack trainer.sizes fits into the smallest GPU memory of the ranks."""
+    if cfg.size != "large" or not env.is_cuda:
+        return GPU_SIZE if env.is_cuda else CPU_SIZE
+    from trainer import sizes
+
+    memory = env.gather(torch.cuda.get_device_properties(env.device).total_memory)
+    shape = env.broadcast(sizes.large_gpt(min(memory)) if memory else None)
+    return GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
+                   layers=shape.layers, heads=shape.heads, batch=shape.batch,
+                   warmup=LARGE_WARMUP, steps=LARGE_STEPS)
+
+
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
-    s = GPU_SIZE if env.is_cuda else CPU_SIZE
+    s = size_for(env, cfg)
     world = env.world_size
     sizes = scaling_sizes(world)
     groups = {n: env.new_group(list(range(n))) for n in sizes}  # every rank creates every group
@@ -195,6 +210,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     losses = whole["losses"]
     details: dict[str, Any] = {
         "model": {**asdict(s), "params": whole["params"]}, "world_size": world,
+        "gradient_bytes_per_step": 4 * whole["params"],
         "scaling_ranks": sizes, "precision": "bf16 autocast" if env.is_cuda else "fp32",
         "peak_memory": "torch.cuda.max_memory_allocated" if env.is_cuda
         else "process max RSS (includes torch itself)", "loss_first": losses[0],

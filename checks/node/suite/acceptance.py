@@ -217,7 +217,9 @@ def _throughput(ctx: Context, report: Any) -> Result:
     """Figures as information; MFU against the profile's bf16 peak and the profile's floors on
     GPU hosts (a CPU has no bf16 peak in any profile)."""
     figures = dict(report.figures)
+    # MFU and the floors judge real training's size; a small run on a GPU is information
     on_gpu = report.details.get("backend") == "nccl"
+    large = (report.details.get("size") or {}).get("name") == "large"
     peak = ctx.profile.get("peaks.bf16_tflops")
     if on_gpu and peak:
         figures["mfu"] = figures["throughput_model_tflops_per_rank"] / float(peak)
@@ -231,13 +233,14 @@ def _throughput(ctx: Context, report: Any) -> Result:
     low = []
     for key, figure in THROUGHPUT_FLOORS.items():
         floor = ctx.profile.get(f"thresholds.{key}")
-        if on_gpu and floor is not None and figure in figures and figures[figure] < float(floor):
+        if on_gpu and large and floor is not None and figure in figures \
+                and figures[figure] < float(floor):
             low.append(f"{figure} {figures[figure]:.4g} < thresholds.{key} {float(floor):g}")
     if low:
         return fail(f"below profile {ctx.profile.name}: {'; '.join(low)}",
                     remedy=REMEDY["throughput"], **kw)
     floors = [k for k in THROUGHPUT_FLOORS if ctx.profile.get(f"thresholds.{k}") is not None]
-    note = (f"; floors {', '.join(floors)} met" if on_gpu and floors
+    note = (f"; floors {', '.join(floors)} met" if on_gpu and large and floors
             else "; information (no floor applies)")
     return passed(report.message + mfu + note, **kw)
 
