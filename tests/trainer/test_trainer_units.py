@@ -296,3 +296,11 @@ def test_size_large_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture
     assert cli.main(["ddp", "--size", "large", "--device", "cpu"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--size large is sized from the GPU's memory" in err
+
+
+def test_bands_keep_their_calibrated_width_at_the_large_size() -> None:
+    from trainer.jobs import common
+
+    large = TrainConfig(size="large").sized(True)
+    assert large.hidden == 8192 and common.band_hidden(large) == common.BAND_HIDDEN == 64
+    assert common.band_hidden(TrainConfig(hidden=32).sized(False)) == 32

@@ -36,7 +36,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
         return JobReport(NAME, "SKIP", f"needs >= 2 ranks, have {world}")
     b = cfg.batch_size
     torch.manual_seed(cfg.seed)
-    initial = mlp(cfg.hidden)
+    initial = mlp(common.band_hidden(cfg))  # the calibrated width at every size
     data = common.dataset(env, common.BAND_STEPS, b, torch.float32, cfg.seed)
     env.beat(f"{NAME}/setup")
     weights_bf16 = cfg.control("bf16-weights")

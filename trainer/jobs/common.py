@@ -31,6 +31,13 @@ BAND_STEPS, BAND_LR = 40, 0.01
 # (30 seeds, torch 2.13 CPU): autocast bf16 deviates at most 0.0025 (median 0.0013); a model cast
 # to bf16 without fp32 master weights (the `bf16-weights` control) at least 0.023.
 BF16_BAND = 0.01
+# The width the band was calibrated at: at --size large the band comparisons (bf16 autocast, FSDP
+# mixed precision) keep it; the exact fp32 comparisons carry the large width.
+BAND_HIDDEN = 64
+
+
+def band_hidden(cfg: Any) -> int:
+    return BAND_HIDDEN if cfg.size == "large" else cfg.hidden
 
 
 def dataset(env: DistEnv, steps: int, per_rank: int, dtype: torch.dtype,

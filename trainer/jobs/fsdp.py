@@ -123,7 +123,9 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     band_data = common.dataset(env, common.BAND_STEPS, b, torch.float32, cfg.seed + 1)
     policy = None if cfg.control("fsdp-no-mp") else MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    mp_model = shard(copy.deepcopy(initial).to(env.device, torch.float32), mesh, policy)
+    torch.manual_seed(cfg.seed)
+    band_initial = initial if common.band_hidden(cfg) == cfg.hidden else mlp(common.band_hidden(cfg))
+    mp_model = shard(copy.deepcopy(band_initial).to(env.device, torch.float32), mesh, policy)
     probe = common.DtypeProbe(mp_model)
     reduce_scatter = observe_reduce_scatter(mp_model)
     mp_opt = torch.optim.SGD(mp_model.parameters(), lr=common.BAND_LR, momentum=cfg.momentum)
@@ -141,7 +143,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     rtol, atol = cfg.tolerances()
     ref, _ = common.reference(initial, data, cfg.steps, b * world, cfg.lr, cfg.momentum,
                               env.device, dtype)
-    _, band_ref = common.reference(initial, band_data, common.BAND_STEPS, b * world,
+    _, band_ref = common.reference(band_initial, band_data, common.BAND_STEPS, b * world,
                                    common.BAND_LR, cfg.momentum, env.device, torch.float32)
     expected = {k: v.detach().cpu() for k, v in ref.state_dict().items()}
     comparisons = [
