@@ -143,8 +143,9 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
        level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600)
 def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU under torchrun (NCCL), or N CPU processes with gloo: exact integer
-    patterns through all-reduce, all-gather, reduce-scatter and broadcast, then an nccl-tests
-    sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
+    patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and
+    the float8 all-gather (SKIP with the reason below compute capability 8.9), reduce-scatter and
+    all-gather again at FSDP size (collective.sweep fsdp_elems), then an nccl-tests sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
     peak all-reduce busbw below the profile threshold (thresholds.allreduce_busbw_gbs) or one
     derived from NVLink count / PCIe generation. On CPU the bandwidth is information."""
     plat = plan.platform(ctx)
