@@ -26,6 +26,7 @@ from checks.supervise.launch import free_port
 from checks.supervise.rank import ENV_WORKDIR
 from trainer import trainer_cli as cli
 from trainer.config import TOLERANCES, TrainConfig
+from trainer.jobs.syncbn import TOLERANCES as SYNCBN_TOLERANCES
 from trainer.launcher import SuiteOutcome, run_ddp_multinode, run_jobs
 
 pytestmark = pytest.mark.slow
@@ -67,11 +68,15 @@ def test_acceptance_job_passes_on_4_cpu_ranks(acceptance_stage: dict, job: str) 
     # the tolerance the comparison really used is the pinned fp32 one (a 100x looser one lets
     # an all-reduce at fp16 precision pass: test_acceptance_e2e), and the healthy run sits
     # well inside it (measured ~3e-8 against atol 1e-6)
+    pinned = SYNCBN_TOLERANCES["float32"] if job == "syncbn" else TOLERANCES["float32"]
+    assert pinned == ((1e-4, 1e-5) if job == "syncbn" else (1e-5, 1e-6))
     tol = result.details["tolerances"]
-    assert (tol["rtol"], tol["atol"]) == TOLERANCES["float32"] == (1e-5, 1e-6)
-    params = result.details["comparisons"][0]
-    assert (params["rtol"], params["atol"]) == (1e-5, 1e-6)
-    assert params["max_abs"] < tol["atol"] / 5
+    assert (tol["rtol"], tol["atol"]) == pinned
+    against_reference = [c for c in result.details["comparisons"] if c["atol"] > 0]
+    assert against_reference
+    for c in against_reference:
+        assert (c["rtol"], c["atol"]) == pinned, c
+        assert c["max_abs"] < c["atol"] / 5, c
     assert result.details["world_size"] == 4
 
 
@@ -170,11 +175,12 @@ def test_crashed_rank_fails_its_job_and_the_next_job_still_runs(tmp_path: Path) 
 
 
 def test_hung_rank_is_named_and_killed_within_the_stall_limit(tmp_path: Path) -> None:
-    suite = run_jobs(["ddp"], TrainConfig(), nproc=2, timeout_s=120, stall_s=6,
+    # 20 s: at 6 s a machine at load 14 left the healthy rank silent too (both named)
+    suite = run_jobs(["ddp"], TrainConfig(), nproc=2, timeout_s=120, stall_s=20,
                      workdir=tmp_path, env={"NODECERT_INJECT": "hang:1@ddp/step-2"})
     report = suite.reports["ddp"]
     assert report.status == "FAIL"
-    assert re.match(r"job ddp hung: no progress for 6 s: rank 1( on \S+)? stopped heartbeating",
+    assert re.match(r"job ddp hung: no progress for 20 s: rank 1( on \S+)? stopped heartbeating",
                     report.message), report.message
     assert "'ddp/step-1'" in report.message  # the last phase it announced
     assert report.details["culprit_ranks"] == [1]
