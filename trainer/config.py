@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 # Negative controls: deliberate mistakes a job must catch (FAIL its comparison). Used by the tests.
@@ -23,13 +23,24 @@ CONTROLS: dict[str, str] = {
     "accum-no-divide": "accum: micro-batch losses not divided by the accumulation steps",
     "loader-no-sampler": "loader: DataLoader(shuffle=True) without DistributedSampler",
     "ckpt-no-optim": "ckpt: resumed without the optimizer state (momentum restarts at zero)",
+    # The feature a job names left out: the numbers may still agree, so the job's own
+    # observation of the feature (dtype seen, worker ids, graphs run) must catch it.
+    "bf16-no-autocast": "bf16: the forward runs without autocast (plain fp32)",
+    "fsdp-no-mp": "fsdp: the mixed-precision run is sharded without its MixedPrecisionPolicy",
+    "loader-no-workers": "loader: num_workers=0 (batches built in the training process)",
+    "compile-eager": "compile: the compiled model is bypassed and the eager module trains",
+    "ddp-fp16-allreduce": "ddp: gradients all-reduced in fp16 (DDP's fp16_compress_hook)",
+    "throughput-frozen": "throughput: learning rate 0 (the model cannot learn)",
 }
 CONTROL_JOB = {"sum-loss": "ddp", "no-set-epoch": "ddp", "pad-indices": "ddp",
                "no-scale-grads": "pipeline", "static-graph": "hybrid", "local-bn": "syncbn",
                "tf32": "single",
                "fsdp-early-optimizer": "fsdp", "tp-rank-data": "tp", "bf16-weights": "bf16",
                "compile-outer": "compile", "accum-no-divide": "accum",
-               "loader-no-sampler": "loader", "ckpt-no-optim": "ckpt"}
+               "loader-no-sampler": "loader", "ckpt-no-optim": "ckpt",
+               "bf16-no-autocast": "bf16", "fsdp-no-mp": "fsdp", "loader-no-workers": "loader",
+               "compile-eager": "compile", "ddp-fp16-allreduce": "ddp",
+               "throughput-frozen": "throughput"}
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 # Default tolerances per dtype (|actual - expected| <= atol + rtol * |expected|, elementwise).
@@ -56,6 +67,8 @@ class TrainConfig:
     # compile job: inductor (what training runs; on CPU it builds C++, ~20 s per cold launch) or
     # aot_eager (dynamo + AOTAutograd + DDP graph splitting, no code generation)
     compile_backend: str = "inductor"
+    # trainer.sizes: auto (large on a GPU, small elsewhere) | small | large
+    size: str = "auto"
 
     def tolerances(self) -> tuple[float, float]:
         rtol, atol = TOLERANCES[self.dtype]
@@ -78,13 +91,26 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(TOLERANCES)}, not {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        from trainer.sizes import SIZES
+
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)}, not {self.size!r}")
         if self.compile_backend not in COMPILE_BACKENDS:
             raise ValueError(f"compile backend must be one of {', '.join(COMPILE_BACKENDS)}, "
                              f"not {self.compile_backend!r}")
         unknown = [c for c in self.controls if c not in CONTROLS]
         if unknown:
             raise ValueError(f"unknown negative control {', '.join(unknown)} "
-                             f"(known: {', '.join(CONTROLS)})")
+                             "(`python -m trainer --help` lists them)")
+
+    def sized(self, is_cuda: bool) -> TrainConfig:
+        """This config with `size` resolved for the device, and the MLP width it implies (an
+        explicit --hidden other than the small default is kept)."""
+        from trainer.sizes import MLP_SMALL_HIDDEN, mlp_hidden, resolve
+
+        size = resolve(self.size, is_cuda)
+        hidden = mlp_hidden(size) if self.hidden == MLP_SMALL_HIDDEN else self.hidden
+        return replace(self, size=size, hidden=hidden)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, help="relative tolerance (default per dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default per dtype)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    p.add_argument("--size", choices=("auto", "small", "large"), default=d.size,
+                   help="small: the calibrated test size (default on CPU); large: sized from the "
+                        "GPU's memory, real training's message sizes (default on GPU; needs one). "
+                        "docs/trainer.md lists each profile's memory and time")
     p.add_argument("--control", action="append", default=[], metavar="NAME",
                    help="negative control that must FAIL: " +
                         "; ".join(f"{k} ({v})" for k, v in CONTROLS.items()))
@@ -79,7 +83,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         return TrainConfig.from_dict(json.loads(args.config_json))
     return TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        hidden=args.hidden, seed=args.seed, dtype=args.dtype, rtol=args.rtol,
-                       atol=args.atol, device=args.device, controls=list(args.control))
+                       atol=args.atol, device=args.device, controls=list(args.control),
+                       size=args.size)
 
 
 def _jobs(names: list[str]) -> list[str]:
@@ -164,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         nproc, shared = choose_nproc(args.nproc, cfg.device, cuda_count(), args.share_gpu)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if cfg.size == "large" and (cfg.device == "cpu" or not cuda_count()):
+        print("error: --size large is sized from the GPU's memory and needs a GPU; use --size "
+              "small on the CPU", file=sys.stderr)
         return EXIT_USAGE
     unusable = _unusable_gpus(cfg.device)
     if unusable:

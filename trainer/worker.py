@@ -15,11 +15,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from checks.supervise.rank import Rank, run_rank
-from trainer import distenv, jobs
+from trainer import distenv, jobs, sizes
 from trainer.config import TrainConfig
 
 
@@ -36,12 +37,15 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
             pg_timeout_s: float) -> dict[str, dict[str, Any]]:
     env = distenv.init(rank, cfg.device, pg_timeout_s)
+    cfg = cfg.sized(env.is_cuda)
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         env.beat(f"{name}/start")
         start = time.monotonic()
         before = distenv.live_groups()
-        report = jobs.get(name)(env, cfg)
+        job_cfg = replace(cfg, hidden=sizes.MLP_SMALL_HIDDEN) if name in sizes.ALWAYS_SMALL \
+            and cfg.hidden == sizes.MLP_LARGE_HIDDEN else cfg
+        report = jobs.get(name)(env, job_cfg)
         gc.collect()  # the job's DDP reducers go before its groups (gloo teardown hang)
         env.beat(f"{name}/end")
         groups = distenv.end_job(env, before)
@@ -49,6 +53,7 @@ def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
         data["details"]["duration_s"] = round(time.monotonic() - start, 3)
         data["details"].setdefault("backend", env.backend)
         data["details"]["world_size"] = env.world_size
+        data["details"]["size"] = {"name": cfg.size, "mlp_hidden": job_cfg.hidden}
         data["details"]["device"] = env.placement.describe() if env.placement else str(env.device)
         data["details"]["process_groups"] = groups
         # where NCCL's flight recorder would dump on a timeout (set by the supervisor)

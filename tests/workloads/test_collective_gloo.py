@@ -88,3 +88,56 @@ def test_corrupt_contribution_fails_naming_the_rank_through_the_cli(
     assert ops == set(busbw.OPS)
     assert result["details"]["env"] == {} or "NODECERT_INJECT" not in result["details"]["env"]
     assert result["details"]["world_size"] == 3
+
+
+# --- the collectives real training adds: all-to-all (MoE), float8 all-gather, FSDP sizes ------
+
+FSDP_SMALL = {**SMALL, "fsdp_elems": 1 << 18}
+
+
+def test_all_to_all_float8_and_fsdp_sizes_exact_on_3_ranks(tmp_path: Path) -> None:
+    m = collective.run(nproc=3, sweep=FSDP_SMALL, backend="gloo", timeout_s=90, stall_s=20,
+                       start_timeout_s=60, workdir=tmp_path / "work", ops=["all_reduce"])
+    assert m["ok"] and m["errors"] == [], m["summary"] + m["log_tail"]
+    # gloo carries float8 as its bytes (the torchao float8 all-gather's wire format)
+    assert m["exact_ops"] == ["all_to_all", "all_gather_float8"] and m["exact_skipped"] == {}
+    assert m["fsdp_checked"] == {"reduce_scatter": (1 << 18) // 3 * 3,
+                                 "all_gather": (1 << 18) // 3 * 3}
+    result = judge_collectives(m, None, on_gpu=False)
+    assert result.status == "PASS", result.message
+    assert "3 collectives exact (all_reduce, all_to_all, all_gather_float8), " \
+           "reduce-scatter/all-gather also at 1 MiB" in result.message
+    assert_nothing_left(m, tmp_path)
+
+
+@pytest.mark.parametrize(("op", "rank"), [("all_to_all", 2), ("all_gather_float8", 1),
+                                          ("reduce_scatter", 1)])
+def test_a_corrupt_rank_fails_the_new_collectives_naming_it(tmp_path: Path, op: str,
+                                                            rank: int) -> None:
+    """One element off by one in one rank's contribution: the check FAILs naming that rank (the
+    source whose block arrived wrong, or the sender blamed after a wrong reduction)."""
+    m = collective.run(nproc=3, sweep=FSDP_SMALL, backend="gloo", timeout_s=90, stall_s=20,
+                       start_timeout_s=60, workdir=tmp_path / "work",
+                       env={"NODECERT_INJECT": f"corrupt:{rank}@{op}"}, ops=["reduce_scatter"])
+    assert m["ok"], m["summary"] + m["log_tail"]
+    wrong = [e for e in m["errors"] if e["op"] == op]
+    assert wrong, m["errors"]
+    result = judge_collectives(m, None, on_gpu=False)
+    assert result.status == "FAIL" and rank in result.value, (result.message, result.value)
+    assert f"{op} on rank" in result.message
+    assert_nothing_left(m, tmp_path)
+
+
+def test_float8_all_gather_skips_with_the_reason_where_unsupported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from checks.hw.measure import collective_rank
+
+    assert collective_rank.float8_unsupported(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    why = collective_rank.float8_unsupported(torch.device("cuda", 0))
+    assert why == ("GPU compute capability 8.0 has no float8 tensor cores (float8 training "
+                   "needs 8.9 or later)")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert collective_rank.float8_unsupported(torch.device("cuda", 0)) is None

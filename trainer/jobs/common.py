@@ -31,6 +31,13 @@ BAND_STEPS, BAND_LR = 40, 0.01
 # (30 seeds, torch 2.13 CPU): autocast bf16 deviates at most 0.0025 (median 0.0013); a model cast
 # to bf16 without fp32 master weights (the `bf16-weights` control) at least 0.023.
 BF16_BAND = 0.01
+# The width the band was calibrated at: at --size large the band comparisons (bf16 autocast, FSDP
+# mixed precision) keep it; the exact fp32 comparisons carry the large width.
+BAND_HIDDEN = 64
+
+
+def band_hidden(cfg: Any) -> int:
+    return BAND_HIDDEN if cfg.size == "large" else cfg.hidden
 
 
 def dataset(env: DistEnv, steps: int, per_rank: int, dtype: torch.dtype,
@@ -129,6 +136,39 @@ def holds(name: str, ok: bool, why: str) -> Comparison:
     """A yes/no fact as a comparison (e.g. "the model was compiled"), so it joins the verdict."""
     return Comparison(name, 0.0 if ok else float("inf"), 0.0 if ok else float("inf"), 0.0, 0.0,
                       ok, "" if ok else why)
+
+
+class DtypeProbe:
+    """Records the dtypes the Linear layers of a module really saw during forward passes (their
+    weight as used and their output), so a job can prove the precision it names was in effect
+    (autocast, FSDP's param_dtype) rather than assume it. Forward hooks travel with the module
+    into DDP, FSDP and DataParallel replicas."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.outputs: set[str] = set()
+        self.weights: set[str] = set()
+        self.calls = 0
+        self._handles = [m.register_forward_hook(self._hook) for m in module.modules()
+                         if isinstance(m, nn.Linear)]
+
+    def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        del inputs
+        self.calls += 1
+        self.outputs.add(str(output.dtype).removeprefix("torch."))
+        self.weights.add(str(module.weight.dtype).removeprefix("torch."))
+
+    def remove(self) -> dict[str, Any]:
+        for h in self._handles:
+            h.remove()
+        return {"outputs": sorted(self.outputs), "weights": sorted(self.weights),
+                "calls": self.calls}
+
+
+def saw_only(name: str, seen: list[dict[str, Any]], key: str, want: str) -> Comparison:
+    """Every rank's probe saw only dtype `want` under `key` (and saw something at all)."""
+    bad = [(r, s[key]) for r, s in enumerate(seen) if s["calls"] == 0 or s[key] != [want]]
+    return holds(name, not bad, "" if not bad else
+                 f"rank {bad[0][0]} saw {', '.join(bad[0][1]) or 'no forward'}, not {want}")
 
 
 def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:

@@ -5,10 +5,14 @@ bucket boundaries runs inside dynamo) trains cfg.steps steps on each rank's slic
 batches; rank 0 trains the eager model on the whole batches. Compiled kernels fuse and reorder
 floating-point work, so parameters are compared within COMPILE_TOL (measured, see
 docs/trainer.md), the loss curve within COMPILE_BAND, replicas exactly; and dynamo must have
-produced at least one graph on every rank (a model that silently runs eager FAILs).
+produced at least one graph on every rank, and the compiled code must have run at least once per
+training step on every rank (the backend is wrapped to count calls of what it compiled), so a
+model that silently runs eager FAILs.
 Inductor on CPU needs a C++ compiler and on GPU Triton: without them the job SKIPs with the
-reason. Negative control `compile-outer`: torch.compile(DDP(model)), which on torch 2.13 breaks
-the graph at DDP's forward and runs everything eagerly.
+reason. Negative controls: `compile-outer`, torch.compile(DDP(model)), which on torch 2.13 breaks
+the graph at DDP's forward and runs everything eagerly; `compile-eager`, the compiled module is
+built and compiled once but DDP trains the eager one (graphs exist, the compiled code does not
+run in training).
 
     torchrun --standalone --nproc-per-node=2 -m trainer compile
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import copy
 import gc
 import shutil
+from typing import Any
 
 import torch
 
@@ -48,6 +53,27 @@ def unavailable(env: DistEnv, backend: str) -> str | None:
     return None
 
 
+class CountingBackend:
+    """A torch.compile backend that compiles with `name` and counts calls of the compiled code."""
+
+    def __init__(self, name: str) -> None:
+        from torch._dynamo import lookup_backend
+
+        self.inner = lookup_backend(name)
+        self.calls = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        compiled = self.inner(gm, example_inputs)
+        boxed = getattr(compiled, "_boxed_call", False)
+
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return compiled(*args)
+
+        run._boxed_call = boxed  # type: ignore[attr-defined]  # keep dynamo's calling convention
+        return run
+
+
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     world = env.world_size
     if world < 2:
@@ -64,10 +90,15 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     env.beat(f"{NAME}/setup")
     graphs_before = counters["stats"]["unique_graphs"]
     module = copy.deepcopy(initial).to(env.device, dtype)
+    backend = CountingBackend(cfg.compile_backend)
     if cfg.control("compile-outer"):
-        model = torch.compile(common.ddp(module, env), backend=cfg.compile_backend)
+        model = torch.compile(common.ddp(module, env), backend=backend)
+    elif cfg.control("compile-eager"):
+        compiled = torch.compile(module, backend=backend)
+        compiled(data.x[:b].to(env.device, dtype))  # compiles once, then is left aside
+        model = common.ddp(module, env)
     else:
-        model = common.ddp(torch.compile(module, backend=cfg.compile_backend), env)
+        model = common.ddp(torch.compile(module, backend=backend), env)
     env.beat(f"{NAME}/compile-and-train")  # the first step compiles (seconds, per rank)
     losses = common.ddp_train(env, model, data, cfg.steps, b, cfg.lr, cfg.momentum, NAME,
                               cfg.beats_at)
@@ -78,7 +109,9 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     del model, module
     gc.collect()
     env.beat(f"{NAME}/gather")
-    gathered = env.gather({"losses": losses, "params": final, "graphs": graphs, "breaks": breaks})
+    calls = backend.calls - (1 if cfg.control("compile-eager") else 0)
+    gathered = env.gather({"losses": losses, "params": final, "graphs": graphs, "breaks": breaks,
+                           "calls": calls})
     if gathered is None:
         return None
     env.beat(f"{NAME}/reference")
@@ -90,6 +123,11 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
         common.holds("dynamo compiled the model on every rank", not no_graph,
                      f"no graph on rank(s) {no_graph}: the model ran eagerly "
                      f"({gathered[no_graph[0]]['breaks'] if no_graph else 0} graph breaks)"),
+        common.holds("the compiled code ran every training step on every rank",
+                     all(g["calls"] >= cfg.steps for g in gathered),
+                     "compiled code called " + ", ".join(
+                         f"rank {r}: {g['calls']}" for r, g in enumerate(gathered))
+                     + f" time(s) in {cfg.steps} steps: training ran eagerly"),
         compare("compiled: parameters vs eager single-device", final, params_of(ref),
                 *COMPILE_TOL),
         common.loss_band("compiled: loss curve vs eager single-device", curve, baseline,
@@ -99,6 +137,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     details = {"world_size": world, "backend": cfg.compile_backend, "dtype": cfg.dtype,
                "graphs_per_rank": [g["graphs"] for g in gathered],
                "graph_breaks_per_rank": [g["breaks"] for g in gathered],
+               "compiled_calls_per_rank": [g["calls"] for g in gathered],
                "layout": "torch.compile(DDP(model)) (negative control)"
                if cfg.control("compile-outer") else "DDP(torch.compile(model))",
                "tolerances": {"rtol": COMPILE_TOL[0], "atol": COMPILE_TOL[1]},
@@ -106,5 +145,6 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     return JobReport.judge(NAME, comparisons,
                            f"DDP over torch.compile ({cfg.compile_backend}) on {world} ranks "
                            f"equals eager within rtol {COMPILE_TOL[0]:g} (max abs diff "
-                           f"{comparisons[1].max_abs:.2g}); {min(details['graphs_per_rank'])}+ "
-                           "graph(s) per rank; replicas identical", details=details)
+                           f"{comparisons[2].max_abs:.2g}); {min(details['graphs_per_rank'])}+ "
+                           "graph(s) per rank, compiled code ran every step; replicas identical",
+                           details=details)

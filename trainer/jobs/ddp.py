@@ -3,7 +3,8 @@
 Each rank trains on its DistributedSampler shard (shuffle, set_epoch, drop_last=True) for k steps;
 rank 0 then trains an unwrapped copy of the initial weights (taken after DDP's broadcast) on the
 global batches it rebuilds from the sampler's permutation, and compares parameters. The ranks'
-parameters must be bit-identical. A missing set_epoch, a sum-reduced loss or padded indices FAIL.
+parameters must be bit-identical. A missing set_epoch, a sum-reduced loss, padded indices or
+gradients all-reduced at fp16 precision (`ddp-fp16-allreduce`) FAIL.
 
 One node, 2 ranks (gloo on CPU, NCCL with one GPU per rank):
     torchrun --standalone --nproc-per-node=2 -m trainer ddp
@@ -49,6 +50,12 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     group = env.new_group()
     model = mlp(cfg.hidden).to(env.device, dtype)
     ddp = DDP(model, device_ids=[env.device] if env.is_cuda else None, process_group=group)
+    if cfg.control("ddp-fp16-allreduce"):
+        # A reduction at fp16 precision (what a broken or misconfigured compression gives):
+        # ~3e-5 off after 20 steps, which the fp32 tolerance must not admit.
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
     initial = copy.deepcopy(ddp.module).cpu()  # after the constructor's broadcast
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     loss_fn = nn.MSELoss(reduction="sum" if cfg.control("sum-loss") else "mean")

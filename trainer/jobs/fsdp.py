@@ -6,8 +6,12 @@ batches and compares the gathered parameters (no mixed precision: exact to the d
 tolerance). Each rank must hold only its own shard (1/N of every parameter) and every rank must
 gather the same full parameters. Then a second run with MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=bf16) (fp32 master weights) must keep the loss curve within the calibrated bf16 band
-of the fp32 single-device curve. Negative control `fsdp-early-optimizer`: the optimizer is built
-before `fully_shard`, which replaces the parameters, so it steps tensors no longer in the model.
+of the fp32 single-device curve, and the job observes that the policy took effect: every Linear
+computed with bfloat16 weights and outputs (forward hooks), and every gradient reduce-scatter
+carried bfloat16 (FSDP2's `set_custom_reduce_scatter` with a recording copy of its default).
+Negative controls: `fsdp-early-optimizer`, the optimizer built before `fully_shard`, which replaces
+the parameters, so it steps tensors no longer in the model; `fsdp-no-mp`, the policy left out
+(fp32 stays inside the band: only the observation catches it).
 
     torchrun --standalone --nproc-per-node=2 -m trainer fsdp
 Supervised: python -m trainer fsdp --nproc 4
@@ -31,6 +35,32 @@ from trainer.models import mlp
 from trainer.report import Comparison, JobReport, compare, identical
 
 NAME = "fsdp"
+
+
+def _recording_reduce_scatter() -> Any:
+    """FSDP2's default reduce-scatter, recording the dtype of every gradient buffer it reduces."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class Recording(DefaultReduceScatter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtypes: set[str] = set()
+
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                     *args: Any, **kw: Any) -> Any:
+            self.dtypes.add(str(input_tensor.dtype).removeprefix("torch."))
+            return super().__call__(output_tensor, input_tensor, *args, **kw)
+
+    return Recording()
+
+
+def observe_reduce_scatter(model: nn.Sequential) -> Any:
+    """Install one recording reduce-scatter on every block that holds parameters."""
+    comm = _recording_reduce_scatter()
+    for block in model:
+        if any(True for _ in block.parameters()):
+            block.set_custom_reduce_scatter(comm)  # type: ignore[operator]
+    return comm
 
 
 def shard(model: nn.Sequential, mesh: DeviceMesh, mp: MixedPrecisionPolicy | None = None,
@@ -91,22 +121,29 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
 
     env.beat(f"{NAME}/bf16-setup")
     band_data = common.dataset(env, common.BAND_STEPS, b, torch.float32, cfg.seed + 1)
-    mp_model = shard(copy.deepcopy(initial).to(env.device, torch.float32), mesh,
-                     MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16))
+    policy = None if cfg.control("fsdp-no-mp") else MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    torch.manual_seed(cfg.seed)
+    band_initial = initial if common.band_hidden(cfg) == cfg.hidden else mlp(common.band_hidden(cfg))
+    mp_model = shard(copy.deepcopy(band_initial).to(env.device, torch.float32), mesh, policy)
+    probe = common.DtypeProbe(mp_model)
+    reduce_scatter = observe_reduce_scatter(mp_model)
     mp_opt = torch.optim.SGD(mp_model.parameters(), lr=common.BAND_LR, momentum=cfg.momentum)
     mp_losses = train(env, mp_model, mp_opt, band_data, common.BAND_STEPS, b, cfg, "bf16")
+    seen = {**probe.remove(), "reduce": sorted(reduce_scatter.dtypes)}
     del mp_opt, mp_model
     gc.collect()
     gathered = env.gather({"full": full, "shards": shards, "losses": losses,
-                           "mp_losses": mp_losses})
+                           "mp_losses": mp_losses, "mp_dtypes": seen})
     if gathered is None:
         return None
 
     env.beat(f"{NAME}/reference")
+    mp_seen = [g["mp_dtypes"] for g in gathered]
     rtol, atol = cfg.tolerances()
     ref, _ = common.reference(initial, data, cfg.steps, b * world, cfg.lr, cfg.momentum,
                               env.device, dtype)
-    _, band_ref = common.reference(initial, band_data, common.BAND_STEPS, b * world,
+    _, band_ref = common.reference(band_initial, band_data, common.BAND_STEPS, b * world,
                                    common.BAND_LR, cfg.momentum, env.device, torch.float32)
     expected = {k: v.detach().cpu() for k, v in ref.state_dict().items()}
     comparisons = [
@@ -116,18 +153,26 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
         common.loss_band("bf16 mixed precision: loss curve vs fp32 single-device",
                          common.mean_curve([g["mp_losses"] for g in gathered]), band_ref,
                          common.BF16_BAND),
+        common.saw_only("bf16 mixed precision: FSDP computed with bfloat16 parameters",
+                        mp_seen, "weights", "bfloat16"),
+        common.saw_only("bf16 mixed precision: FSDP reduce-scattered bfloat16 gradients",
+                        [{**d, "calls": len(d["reduce"])} for d in mp_seen], "reduce",
+                        "bfloat16"),
     ]
     curve = common.mean_curve([g["losses"] for g in gathered])
     details: dict[str, Any] = {
         "world_size": world, "global_batch": b * world, "dtype": cfg.dtype,
         "tolerances": {"rtol": rtol, "atol": atol}, "loss_first": curve[0], "loss_last": curve[-1],
-        "mixed_precision": "param_dtype=bfloat16, reduce_dtype=bfloat16, fp32 master weights",
+        "mixed_precision": "param_dtype=bfloat16, reduce_dtype=bfloat16, fp32 master weights"
+        if policy is not None else "none (negative control)",
+        "mixed_precision_observed_per_rank": mp_seen,
         **common.describe_band(common.BF16_BAND)}
     return JobReport.judge(NAME, comparisons,
                            f"fully_shard over {world} ranks equals the single-device reference "
                            f"(max abs diff {comparisons[0].max_abs:.2g}); each rank holds 1/{world}; "
                            f"bf16 loss curve within {common.BF16_BAND:g} "
-                           f"(max rel {comparisons[3].max_rel:.2g})", details=details)
+                           f"(max rel {comparisons[3].max_rel:.2g}); bfloat16 compute and "
+                           "reduce-scatter observed on every rank", details=details)
 
 
 def shards_partition(per_rank: list[dict[str, torch.Tensor]],

@@ -8,7 +8,13 @@ One rank per GPU with NCCL, or N CPU processes with gloo. Started and supervised
 
 Correctness uses rank-dependent integer patterns whose sums are exact in fp32, so any wrong
 element is a real error, not rounding: rank r sends (r + 1) * s(k) + (i mod 251) at iteration k.
-Heartbeat phases (for NODECERT_INJECT): "init", "check OP K", "sweep OP BYTES".
+Besides the four swept collectives, two are checked exactly (not swept), because real training
+depends on them: all-to-all (mixture-of-experts token routing; rank r's block j must arrive as
+block r on rank j) and the float8 all-gather of float8 FSDP (e4m3 values sent as their bytes,
+as torchao's float8 all-gather does; small integers, exact in e4m3). With --fsdp-elems N,
+reduce-scatter and all-gather are checked once more at N elements (FSDP's message sizes).
+Heartbeat phases (for NODECERT_INJECT): "init", "check OP K", "sweep OP BYTES"; corrupt
+injections name the op ("corrupt:1@all_to_all").
 """
 
 from __future__ import annotations
@@ -31,6 +37,22 @@ MAX_ERRORS = 4
 # torch 2.13 renamed the tensor-in/tensor-out collectives; older releases only have the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+EXACT_OPS = ("all_to_all", "all_gather_float8")
+FLOAT8_MIN_CC = (8, 9)  # Ada/Hopper: the first GPUs with float8 tensor cores
+
+
+def float8_unsupported(device: torch.device) -> str | None:
+    """Why the float8 all-gather does not apply here, or None."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no float8 dtypes"
+    if device.type == "cuda":
+        cc = torch.cuda.get_device_capability(device)
+        if cc < FLOAT8_MIN_CC:
+            return (f"GPU compute capability {cc[0]}.{cc[1]} has no float8 tensor cores "
+                    "(float8 training needs 8.9 or later)")
+    return None
 
 
 def _scale(k: int) -> int:
@@ -95,6 +117,31 @@ class Collectives:
                                      self.pattern(src, k, 0, chunk), src)
                 wrong, errors = wrong + w, errors + e
             return wrong, errors[:MAX_ERRORS], None
+        if op == "all_to_all":
+            # rank me's block j goes to rank j: rank me receives block me of every src
+            chunk = count // n
+            sent = self._input(op, me, k, chunk * n, corrupt)
+            out = torch.full((chunk * n,), -1.0, device=self.device)
+            dist.all_to_all_single(out, sent)
+            wrong, errors = 0, []
+            for src in range(n):
+                w, e = self._compare(op, k, out[src * chunk:(src + 1) * chunk],
+                                     self.pattern(src, k, me * chunk, chunk), src,
+                                     offset=src * chunk)
+                wrong, errors = wrong + w, errors + e
+            return wrong, errors[:MAX_ERRORS], None
+        if op == "all_gather_float8":
+            chunk = count // n
+            mine = self._float8(self._small(me, k, chunk, corrupt))
+            out = torch.zeros(chunk * n, dtype=torch.uint8, device=self.device)
+            _ALL_GATHER(out, mine.view(torch.uint8))
+            got = out.view(torch.float8_e4m3fn).to(torch.float32)
+            wrong, errors = 0, []
+            for src in range(n):
+                w, e = self._compare(op, k, got[src * chunk:(src + 1) * chunk],
+                                     self._small(src, k, chunk, False), src)
+                wrong, errors = wrong + w, errors + e
+            return wrong, errors[:MAX_ERRORS], None
         if op == "broadcast":
             root = k % n
             x = (self._input(op, me, k, count, corrupt) if me == root
@@ -102,6 +149,17 @@ class Collectives:
             dist.broadcast(x, src=root)
             return (*self._compare(op, k, x, self.pattern(root, k, 0, count), root), None)
         raise ValueError(f"unknown collective {op!r}")
+
+    def _small(self, src: int, k: int, count: int, corrupt: bool) -> torch.Tensor:
+        """Rank src's float8 pattern: integers 0..15, exact in e4m3 (3 mantissa bits)."""
+        x = (((src + 1) * _scale(k) + self._idx(0, count)) % 16).to(torch.float32)
+        if corrupt:
+            x[min(5, count - 1)] = (x[min(5, count - 1)] + 1) % 16
+        return x
+
+    @staticmethod
+    def _float8(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float8_e4m3fn)
 
     def _compare(self, op: str, k: int, got: torch.Tensor, expected: torch.Tensor,
                  source: int | None, offset: int = 0) -> tuple[int, list[dict[str, Any]]]:
@@ -205,6 +263,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--check-iters", type=int, default=5)
     p.add_argument("--check-elems", type=int, default=(1 << 16) + 3)
+    p.add_argument("--exact-ops", default=",".join(EXACT_OPS),
+                   help="collectives checked exactly but not swept")
+    p.add_argument("--fsdp-elems", type=int, default=0,
+                   help="also check reduce-scatter and all-gather once at this many elements")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--pg-timeout-s", type=float, default=300.0)
     return p.parse_args(argv)
@@ -240,6 +302,20 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
         t1 = time.perf_counter()
         for op in ops:
             errors += correctness(c, rank, op, args.check_iters, count)
+        exact, skipped = [], {}
+        for op in [o for o in args.exact_ops.split(",") if o]:
+            why = float8_unsupported(device) if op == "all_gather_float8" else None
+            if why:
+                skipped[op] = why
+                continue
+            errors += correctness(c, rank, op, args.check_iters, count)
+            exact.append(op)
+        fsdp: dict[str, int] = {}
+        if args.fsdp_elems:
+            fsdp_count = max(args.fsdp_elems // c.n * c.n, c.n)
+            for op in ("reduce_scatter", "all_gather"):
+                errors += correctness(c, rank, op, 1, fsdp_count)
+                fsdp[op] = fsdp_count
         t2 = time.perf_counter()
         sizes = busbw.sweep_sizes(args.min_bytes, args.max_bytes, args.factor)
         curves = {op: sweep(c, rank, op, sizes, args.warmup, args.iters) for op in ops}
@@ -251,7 +327,7 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
             rank.log(f"WRONG {e['op']} iteration {e['iteration']}: {e['wrong']} element(s), first "
                      f"at index {e['index']}: got {e['got']:g}, expected {e['expected']:g}")
     else:
-        rank.log(f"OK: {', '.join(ops)} exact over {args.check_iters} iterations "
+        rank.log(f"OK: {', '.join(ops + exact)} exact over {args.check_iters} iterations "
                  f"of {count} elements on {device}")
     result: dict[str, Any] = {"rank": rank.rank, "device": str(device), "errors": errors}
     if rank.local_rank == 0:  # the first rank of each node reports (one node: rank 0)
@@ -261,7 +337,8 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
             print("\n\n".join(tables), flush=True)
         result.update(backend=backend, world_size=c.n, dtype="float32", ops=curves,
                       table="\n\n".join(tables), check_iters=args.check_iters,
-                      check_elems=count, phase_s={"init": round(t1 - t0, 3),
+                      check_elems=count, exact_ops=exact, exact_skipped=skipped,
+                      fsdp_checked=fsdp, phase_s={"init": round(t1 - t0, 3),
                                                   "correctness": round(t2 - t1, 3),
                                                   "sweep": round(t3 - t2, 3)})
     return result

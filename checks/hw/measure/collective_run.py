@@ -22,7 +22,8 @@ RANK_MODULE = "checks.hw.measure.collective_rank"
 # whole environment) and recorded with the result so a report says what the run was under.
 DEBUG_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG",
                       "TORCH_CPP_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-SWEEP_KEYS = ("min_bytes", "max_bytes", "factor", "warmup", "iters", "check_iters", "check_elems")
+SWEEP_KEYS = ("min_bytes", "max_bytes", "factor", "warmup", "iters", "check_iters", "check_elems",
+              "fsdp_elems")
 
 
 def debug_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -80,6 +81,8 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
                   for r, s in sorted(outcome.ranks.items())},
         "errors": errors, "ops": rank0.get("ops", {}), "table": rank0.get("table", ""),
         "check_iters": rank0.get("check_iters"), "check_elems": rank0.get("check_elems"),
+        "exact_ops": rank0.get("exact_ops", []), "exact_skipped": rank0.get("exact_skipped", {}),
+        "fsdp_checked": rank0.get("fsdp_checked", {}),
         "phase_s": rank0.get("phase_s"),
         "command": " ".join(outcome.command), "workdir": str(work),
         "log_tail": "" if outcome.ok else outcome.log_tail,

@@ -34,6 +34,10 @@ JOBS = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
 # proves training ACROSS GPUs, and FAILs when fewer than --expect-gpus are usable.
 PER_DEVICE = ("single", "localize")
 SIMULATED = "simulated hardware: training jobs need the real machine"
+# Tests only, like NODECERT_INJECT: comma-separated negative controls (trainer.config.CONTROLS) the
+# acceptance launch runs with, so a test can make every job FAIL through `python -m checks` and see
+# that FAIL reach the check and the exit code. Named in every result it touched.
+ENV_CONTROLS = "NODECERT_TRAIN_CONTROLS"
 LAUNCH_TIMEOUT_S = 600.0  # the launch kills its ranks by then; the checks' own limit is above
 STALL_S = 90.0
 REMEDY = {
@@ -140,11 +144,27 @@ def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
             # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the
             # compile job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
             cfg = TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count
-                              else "aot_eager")
+                              else "aot_eager", controls=test_controls(p.jobs))
             suite = run_jobs(p.jobs, cfg, nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
                              stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
+            if cfg.controls:
+                from trainer.config import CONTROL_JOB
+
+                for job, report in suite.reports.items():
+                    report.details["negative_controls"] = [
+                        c for c in cfg.controls if CONTROL_JOB[c] == job]
             _cache[ctx] = dict(suite.reports)
         return _cache[ctx]
+
+
+def test_controls(jobs: list[str]) -> list[str]:
+    """The negative controls ENV_CONTROLS asks for whose job is launched (tests only)."""
+    import os
+
+    from trainer.config import CONTROL_JOB
+
+    wanted = [c for c in os.environ.get(ENV_CONTROLS, "").split(",") if c]
+    return [c for c in wanted if CONTROL_JOB.get(c) in jobs]
 
 
 def _result(job: str, report: Any) -> Result:
@@ -197,7 +217,9 @@ def _throughput(ctx: Context, report: Any) -> Result:
     """Figures as information; MFU against the profile's bf16 peak and the profile's floors on
     GPU hosts (a CPU has no bf16 peak in any profile)."""
     figures = dict(report.figures)
+    # MFU and the floors judge real training's size; a small run on a GPU is information
     on_gpu = report.details.get("backend") == "nccl"
+    large = (report.details.get("size") or {}).get("name") == "large"
     peak = ctx.profile.get("peaks.bf16_tflops")
     if on_gpu and peak:
         figures["mfu"] = figures["throughput_model_tflops_per_rank"] / float(peak)
@@ -211,13 +233,14 @@ def _throughput(ctx: Context, report: Any) -> Result:
     low = []
     for key, figure in THROUGHPUT_FLOORS.items():
         floor = ctx.profile.get(f"thresholds.{key}")
-        if on_gpu and floor is not None and figure in figures and figures[figure] < float(floor):
+        if on_gpu and large and floor is not None and figure in figures \
+                and figures[figure] < float(floor):
             low.append(f"{figure} {figures[figure]:.4g} < thresholds.{key} {float(floor):g}")
     if low:
         return fail(f"below profile {ctx.profile.name}: {'; '.join(low)}",
                     remedy=REMEDY["throughput"], **kw)
     floors = [k for k in THROUGHPUT_FLOORS if ctx.profile.get(f"thresholds.{k}") is not None]
-    note = (f"; floors {', '.join(floors)} met" if on_gpu and floors
+    note = (f"; floors {', '.join(floors)} met" if on_gpu and large and floors
             else "; information (no floor applies)")
     return passed(report.message + mfu + note, **kw)
 

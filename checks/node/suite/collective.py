@@ -87,7 +87,9 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
         "backend": m.get("backend"), "world_size": n, "env": m.get("env", {}),
         "launch": {k: m.get(k) for k in ("summary", "duration_s", "returncode", "command",
                                          "phase_s", "orphans_killed", "workdir") if k in m},
-        "check_iters": m.get("check_iters"), "check_elems": m.get("check_elems")}
+        "check_iters": m.get("check_iters"), "check_elems": m.get("check_elems"),
+        "exact_ops": m.get("exact_ops", []), "exact_skipped": m.get("exact_skipped", {}),
+        "fsdp_checked": m.get("fsdp_checked", {})}
     if not m.get("ok"):
         culprits = list(m.get("culprits") or [])
         what = "hung" if m.get("hung") else "failed"
@@ -114,8 +116,14 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
         return fail(f"wrong results ({m.get('backend')}, {n} ranks): {text}", value=culprits,
                     expected="exact results", details=details, remedy=REMEDY_WRONG)
     peak = figures.get("allreduce_busbw_gbs", 0.0)
-    summary = (f"{n} ranks {m.get('backend')}: 4 collectives exact; all-reduce peak busbw "
-               f"{peak:.2f} GB/s")
+    exact = list(ops) + list(m.get("exact_ops") or [])
+    fsdp = m.get("fsdp_checked") or {}
+    skipped = m.get("exact_skipped") or {}
+    summary = (f"{n} ranks {m.get('backend')}: {len(exact)} collectives exact ({', '.join(exact)})"
+               + (f", reduce-scatter/all-gather also at {max(fsdp.values()) * 4 / 2 ** 20:.3g} MiB"
+                  if fsdp else "")
+               + "".join(f"; {op} skipped: {why}" for op, why in skipped.items())
+               + f"; all-reduce peak busbw {peak:.2f} GB/s")
     if not on_gpu:
         return passed(f"{summary} (CPU processes: bandwidth is information)", value=peak,
                       unit="GB/s", details=details)
@@ -135,8 +143,9 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
        level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600)
 def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU under torchrun (NCCL), or N CPU processes with gloo: exact integer
-    patterns through all-reduce, all-gather, reduce-scatter and broadcast, then an nccl-tests
-    sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
+    patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and
+    the float8 all-gather (SKIP with the reason below compute capability 8.9), reduce-scatter and
+    all-gather again at FSDP size (collective.sweep fsdp_elems), then an nccl-tests sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
     peak all-reduce busbw below the profile threshold (thresholds.allreduce_busbw_gbs) or one
     derived from NVLink count / PCIe generation. On CPU the bandwidth is information."""
     plat = plan.platform(ctx)
