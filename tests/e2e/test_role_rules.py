@@ -8,6 +8,7 @@ Fast (no root filesystem, no play): the e2e tests cover the same roles on real r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -121,3 +122,129 @@ def test_unattended_upgrades_keep_nvidia_and_cuda_packages(blocked, name):
 @pytest.mark.parametrize("name", OTHER_PACKAGES)
 def test_unattended_upgrades_let_other_security_updates_through(blocked, name):
     assert name not in blocked["blocked"]
+
+
+# --- Kernel updates: the kernel and Canonical's NVIDIA modules for it move together -------------
+
+# Flavour meta packages of noble's archive (restricted, noble-updates): the kernel metas an image
+# comes with and the NVIDIA modules metas Canonical builds for them ("Package:
+# linux-modules-nvidia-580-server-open-aws-lts-24.04", "...-open-generic-hwe-24.04", "...-open-generic").
+IMAGE_KERNEL_METAS = {
+    # installed linux-image-* meta -> the NVIDIA modules meta that follows it
+    "linux-image-virtual": "linux-modules-nvidia-580-server-open-generic",
+    "linux-image-generic": "linux-modules-nvidia-580-server-open-generic",
+    "linux-image-virtual-hwe-24.04": "linux-modules-nvidia-580-server-open-generic-hwe-24.04",
+    "linux-image-aws-lts-24.04": "linux-modules-nvidia-580-server-open-aws-lts-24.04",
+    "linux-image-gcp-lts-24.04": "linux-modules-nvidia-580-server-open-gcp-lts-24.04",
+    "linux-image-azure": "linux-modules-nvidia-580-server-open-azure",
+}
+KERNEL_METAS = ["linux-generic", "linux-headers-generic", "linux-virtual", "linux-headers-virtual", *IMAGE_KERNEL_METAS]
+MODULES_METAS = sorted(set(IMAGE_KERNEL_METAS.values()) | {"linux-modules-nvidia-580-server-open-generic-6.8"})
+PER_KERNEL = [f"linux-{part}-{KERNEL}" for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")]
+PER_KERNEL_MODULES = [f"linux-modules-nvidia-580-server-open-{KERNEL}", f"linux-objects-nvidia-580-server-{KERNEL}"]
+
+
+def task_var(tasks_file: str, task_name: str, variable: str) -> str:
+    """A set_fact expression exactly as a role's task file spells it."""
+    import yaml
+
+    tasks = yaml.safe_load((roletemplate.ROLES / tasks_file).read_text())
+    (task,) = [t for t in tasks if t.get("name") == task_name]
+    return task["ansible.builtin.set_fact"][variable]
+
+
+def driver_facts(**extra) -> dict:
+    return {
+        "_nvidia_driver_kernel": KERNEL,
+        "_nvidia_driver_kernel_flavours": ["generic", "aws-lts-24.04"],
+        "_nvidia_driver_flavour": "open",
+        **extra,
+    }
+
+
+def matching(regex_variable: str, names: list[str], **facts) -> list[str]:
+    return roletemplate.render(
+        f"names | select('match', {regex_variable}) | list", "nvidia_driver", names=names, **driver_facts(**facts)
+    )
+
+
+def test_every_image_kernel_meta_brings_its_modules_meta():
+    expression = task_var("nvidia_driver/tasks/packages.yml", "Decide the kernel the modules are for", "_nvidia_driver_kernel_flavours")
+    for image_meta, modules_meta in IMAGE_KERNEL_METAS.items():
+        metas = {"stdout_lines": [f"installed {image_meta}", f"installed linux-image-{KERNEL}", "installed linux-image-unsigned-6.8.0-90-generic"]}
+        flavours = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver", _nvidia_driver_kernel_metas=metas)
+        candidates = roletemplate.render("_nvidia_driver_meta_candidates", "nvidia_driver", **driver_facts(_nvidia_driver_kernel_flavours=flavours))
+        assert candidates == [modules_meta], image_meta
+
+
+def test_neither_the_kernel_metas_nor_the_modules_metas_are_held():
+    names = KERNEL_METAS + MODULES_METAS
+    assert matching("_nvidia_driver_held_re", names) == []
+    assert matching("_nvidia_driver_kernel_re", names) == []
+
+
+def test_the_kernel_and_its_modules_are_held():
+    assert matching("_nvidia_driver_kernel_re", PER_KERNEL + PER_KERNEL_MODULES) == PER_KERNEL
+    assert matching("_nvidia_driver_held_re", PER_KERNEL + PER_KERNEL_MODULES) == PER_KERNEL_MODULES
+
+
+def test_holds_earlier_runs_put_on_flavour_metas_are_lifted():
+    # The image's flavours (driver_facts: generic and aws-lts-24.04, plus virtual): their kernel
+    # metas; NVIDIA modules metas of any flavour and branch.
+    installed = [name for name in KERNEL_METAS if "gcp" not in name and "azure" not in name]
+    names = installed + MODULES_METAS + ["linux-modules-nvidia-535-server-generic"]
+    assert matching("_nvidia_driver_flavour_meta_re", names) == names
+    assert matching("_nvidia_driver_flavour_meta_re", PER_KERNEL + PER_KERNEL_MODULES + ["linux-firmware", "linux-base"]) == []
+
+
+@pytest.fixture(scope="module")
+def kernel_guard(tmp_path_factory) -> Path:
+    script = tmp_path_factory.mktemp("guard") / "nodecert-nvidia-kernel-guard"
+    script.write_text(
+        roletemplate.render_file(roletemplate.ROLES / "nvidia_driver/templates/nvidia-kernel-guard.sh.j2", "nvidia_driver", **driver_facts())
+    )
+    script.chmod(0o755)
+    return script
+
+
+def run_guard(script: Path, *debs: str) -> subprocess.CompletedProcess:
+    # As apt runs a DPkg::Pre-Install-Pkgs hook (protocol version 1): one .deb path a line.
+    lines = "".join(f"/var/cache/apt/archives/{deb}\n" for deb in debs)
+    return subprocess.run([str(script)], input=lines, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_guard_lets_a_kernel_in_with_its_modules(kernel_guard):
+    proc = run_guard(
+        kernel_guard,
+        f"linux-image-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-nvidia-580-server-open-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        "linux-modules-nvidia-580-server-open-generic_6.8.0-94.96_amd64.deb",
+        "linux-generic_6.8.0-94.96_amd64.deb",
+        "curl_8.5.0-2ubuntu10.7_amd64.deb",
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_guard_refuses_a_kernel_without_its_modules_in_one_line(kernel_guard):
+    # The modules meta kept back (its new modules need a newer driver than the held one).
+    proc = run_guard(
+        kernel_guard,
+        f"linux-image-unsigned-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        "linux-generic_6.8.0-94.96_amd64.deb",
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert f"refusing kernel {NEXT_KERNEL}: apt brings no linux-modules-nvidia-580-server-open-{NEXT_KERNEL}" in proc.stderr
+
+
+def test_guard_lets_everything_else_through(kernel_guard):
+    proc = run_guard(kernel_guard, "curl_8.5.0-2ubuntu10.7_amd64.deb", "linux-firmware_20240318.git3b128b60-0ubuntu2.5_amd64.deb")
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("page", ["docs/provisioning.md", "docs/runbook.md"])
+def test_pages_carry_no_merge_conflict_markers(page):
+    text = (roletemplate.ROLES.parents[1] / page).read_text()
+    assert not re.findall(r"^(<{7} |={7}$|>{7} )", text, re.M)
