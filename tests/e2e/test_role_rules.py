@@ -248,3 +248,67 @@ def test_guard_lets_everything_else_through(kernel_guard):
 def test_pages_carry_no_merge_conflict_markers(page):
     text = (roletemplate.ROLES.parents[1] / page).read_text()
     assert not re.findall(r"^(<{7} |={7}$|>{7} )", text, re.M)
+
+
+# --- Moving from Ubuntu's 535-server driver ---------------------------------------------------
+
+# What `ubuntu-drivers install` (nvidia-driver-535-server) and Fabric Manager leave on a noble node,
+# names from noble's restricted index (nvidia-driver-535-server 535.161.08-0ubuntu2 "Depends:
+# libnvidia-gl-535-server, nvidia-dkms-535-server, nvidia-kernel-common-535-server,
+# nvidia-kernel-source-535-server, libnvidia-compute-535-server, libnvidia-extra-535-server,
+# nvidia-compute-utils-535-server, libnvidia-decode-535-server, libnvidia-encode-535-server,
+# nvidia-utils-535-server, xserver-xorg-video-nvidia-535-server, libnvidia-cfg1-535-server,
+# libnvidia-fbc1-535-server"; nvidia-firmware-535-server-535.161.08; the modules packages and their
+# -generic meta package), plus multiverse's nvidia-fabricmanager-535 and libnvidia-nscq-535.
+BRANCH_535_SERVER = [
+    "nvidia-driver-535-server",
+    "libnvidia-gl-535-server",
+    "nvidia-dkms-535-server",
+    "nvidia-kernel-common-535-server",
+    "nvidia-kernel-source-535-server",
+    "libnvidia-common-535-server",
+    "libnvidia-compute-535-server",
+    "libnvidia-extra-535-server",
+    "nvidia-compute-utils-535-server",
+    "libnvidia-decode-535-server",
+    "libnvidia-encode-535-server",
+    "nvidia-utils-535-server",
+    "xserver-xorg-video-nvidia-535-server",
+    "libnvidia-cfg1-535-server",
+    "libnvidia-fbc1-535-server",
+    "nvidia-firmware-535-server-535.161.08",
+    "nvidia-headless-no-dkms-535-server",
+    f"linux-modules-nvidia-535-server-{KERNEL}",
+    f"linux-objects-nvidia-535-server-{KERNEL}",
+    f"linux-signatures-nvidia-535-server-{KERNEL}",
+    "linux-modules-nvidia-535-server-generic",
+    "nvidia-fabricmanager-535",
+    "libnvidia-nscq-535",
+]
+BRANCH_580_SERVER = [name.replace("535", "580") for name in BRANCH_535_SERVER] + ["nvidia-driver-pinning-580"]
+
+
+def test_every_535_server_package_is_another_branch():
+    assert matching("_nvidia_driver_other_branch_re", BRANCH_535_SERVER) == BRANCH_535_SERVER
+    assert matching("_nvidia_driver_other_branch_re", BRANCH_580_SERVER) == []
+
+
+def unknown_holds(selections: list[str]) -> list[str]:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Check that every held NVIDIA package belongs to a driver branch"]
+    expression = task["vars"]["_nvidia_driver_unknown_holds"].strip().removeprefix("{{").removesuffix("}}")
+    return roletemplate.render(
+        expression, "nvidia_driver", _nvidia_driver_preflight_selections={"stdout_lines": selections}, **driver_facts()
+    )
+
+
+def test_a_535_server_node_with_the_admins_holds_passes_the_check():
+    selections = [f"hold {name}" for name in BRANCH_535_SERVER] + ["install curl", "hold nvidia-fabricmanager", "hold linux-image-virtual"]
+    assert unknown_holds(selections) == []
+
+
+def test_a_held_branch_package_of_an_unknown_name_stops_before_any_change():
+    # A made-up name of another branch that no pattern knows (as xserver-xorg-video-nvidia-535-server
+    # was before): named in preflight, not left to apt's "held packages" halfway through the run.
+    held = ["hold vendor-tools-nvidia-535-server", "hold nvidia-utils-535-server"]
+    assert unknown_holds(held) == ["vendor-tools-nvidia-535-server"]
