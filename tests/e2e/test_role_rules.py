@@ -312,3 +312,31 @@ def test_a_held_branch_package_of_an_unknown_name_stops_before_any_change():
     # was before): named in preflight, not left to apt's "held packages" halfway through the run.
     held = ["hold vendor-tools-nvidia-535-server", "hold nvidia-utils-535-server"]
     assert unknown_holds(held) == ["vendor-tools-nvidia-535-server"]
+
+
+# --- Check mode on a fresh Ubuntu 24.04 node: NCCL ----------------------------------------------
+
+# `apt-cache madison libnccl2` lines: noble's own build (multiverse, "Package: libnccl2 / Version:
+# 2.18.5-1-2 / Source: nvidia-nccl") and NVIDIA's, which carry +cuda<release>.
+NOBLE_NCCL = "  libnccl2 | 2.18.5-1-2 | http://archive.ubuntu.com/ubuntu noble/multiverse amd64 Packages"
+NVIDIA_NCCL = "  libnccl2 | 2.26.2-1+cuda12.8 | https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64  Packages"
+
+
+def nccl_pending(check_mode: bool, madison: list[str]) -> bool:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nccl/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Note whether check mode can see NCCL"]
+    expression = task["ansible.builtin.set_fact"]["_nccl_pending"].strip().removeprefix("{{").removesuffix("}}")
+    return roletemplate.render(expression, "nccl", ansible_check_mode=check_mode, _nccl_madison={"stdout": "\n".join(madison), "stdout_lines": madison})
+
+
+@pytest.mark.parametrize(
+    ("check_mode", "madison", "pending"),
+    [
+        (True, [NOBLE_NCCL], True),  # fresh noble node: only Ubuntu's libnccl2, the CUDA repo comes later
+        (True, [], True),  # fresh Debian node
+        (True, [NVIDIA_NCCL, NOBLE_NCCL], False),  # the CUDA repository is there: the pin is checked
+        (False, [NOBLE_NCCL], False),  # a real run always checks
+    ],
+)
+def test_check_mode_waits_for_nvidias_nccl_only_while_apt_has_none(check_mode, madison, pending):
+    assert nccl_pending(check_mode, madison) is pending
