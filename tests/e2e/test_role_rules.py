@@ -169,7 +169,7 @@ def matching(regex_variable: str, names: list[str], **facts) -> list[str]:
 
 
 def test_every_image_kernel_meta_brings_its_modules_meta():
-    expression = task_var("nvidia_driver/tasks/packages.yml", "Decide the kernel the modules are for", "_nvidia_driver_kernel_flavours")
+    expression = task_var("nvidia_driver/tasks/kernel.yml", "Decide the kernel the modules are for", "_nvidia_driver_kernel_flavours")
     for image_meta, modules_meta in IMAGE_KERNEL_METAS.items():
         metas = {"stdout_lines": [f"installed {image_meta}", f"installed linux-image-{KERNEL}", "installed linux-image-unsigned-6.8.0-90-generic"]}
         flavours = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver", _nvidia_driver_kernel_metas=metas)
@@ -340,3 +340,41 @@ def nccl_pending(check_mode: bool, madison: list[str]) -> bool:
 )
 def test_check_mode_waits_for_nvidias_nccl_only_while_apt_has_none(check_mode, madison, pending):
     assert nccl_pending(check_mode, madison) is pending
+
+
+# --- Where the modules come from, decided before any change -------------------------------------
+
+
+def policy(*offered: str, listed: tuple[str, ...] = ()) -> str:
+    """`apt-cache policy` output: each offered package with a candidate, each listed one without."""
+    out = [f"{name}:\n  Installed: (none)\n  Candidate: 580.95.05-0ubuntu1\n  Version table:" for name in offered]
+    out += [f"{name}:\n  Installed: (none)\n  Candidate: (none)\n  Version table:" for name in listed]
+    return "\n".join(out) + "\n"
+
+
+HEADLESS = "nvidia-headless-no-dkms-580-server-open"
+PRECOMPILED = f"linux-modules-nvidia-580-server-open-{KERNEL}"
+
+
+def early_source(stdout: str, **settings) -> str:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/source.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Decide early where the kernel modules come from"]
+    expression = task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"].strip().removeprefix("{{").removesuffix("}}")
+    return roletemplate.render(expression, "nvidia_driver", _nvidia_driver_early_policy={"stdout": stdout}, **driver_facts(**settings))
+
+
+@pytest.mark.parametrize(
+    ("stdout", "settings", "source"),
+    [
+        (policy(HEADLESS, PRECOMPILED), {}, "precompiled"),
+        (policy(HEADLESS), {}, "dkms"),  # auto: Ubuntu's archive has no modules for this kernel
+        (policy(HEADLESS), {"nvidia_driver_module_source": "precompiled"}, "missing"),
+        (policy(HEADLESS, PRECOMPILED), {"nvidia_driver_module_source": "dkms"}, "dkms"),
+        ("", {"nvidia_driver_repository": "nvidia"}, "dkms"),
+        # The driver comes from a repository this play has not added yet: decided later.
+        (policy(listed=(HEADLESS, PRECOMPILED)), {}, "unknown"),
+        ("", {}, "unknown"),
+    ],
+)
+def test_the_module_source_is_decided_before_any_change_where_apt_knows(stdout, settings, source):
+    assert early_source(stdout, **settings) == source
