@@ -378,3 +378,25 @@ def early_source(stdout: str, **settings) -> str:
 )
 def test_the_module_source_is_decided_before_any_change_where_apt_knows(stdout, settings, source):
     assert early_source(stdout, **settings) == source
+
+
+# --- A malformed inventory --------------------------------------------------------------------
+
+
+def test_a_malformed_inventory_is_reported_with_its_parse_error(tmp_path):
+    """As `make provision` runs it (from the repository, with its ansible.cfg): the parse error
+    itself, not "defines no hosts in the group gpu_nodes"."""
+    inventory = tmp_path / "inventory"
+    inventory.write_text("[gpu_nodes\nnode1 ansible_host=10.0.0.1\n")
+    repo = roletemplate.ROLES.parents[1]
+    proc = subprocess.run(
+        [str(repo / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/provision.yml", "--list-hosts"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"},
+    )
+    assert proc.returncode != 0
+    assert "Failed to parse inventory with 'ini' plugin" in proc.stdout + proc.stderr
+    assert "No inventory was parsed" in proc.stdout + proc.stderr
+    assert "defines no hosts" not in proc.stdout + proc.stderr
