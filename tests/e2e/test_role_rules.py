@@ -400,3 +400,45 @@ def test_a_malformed_inventory_is_reported_with_its_parse_error(tmp_path):
     assert "Failed to parse inventory with 'ini' plugin" in proc.stdout + proc.stderr
     assert "No inventory was parsed" in proc.stdout + proc.stderr
     assert "defines no hosts" not in proc.stdout + proc.stderr
+
+
+# --- nvidia module options --------------------------------------------------------------------
+
+# Azure's HPC images let users profile: NVreg_RestrictProfilingToAdminUsers=0.
+PARAMS = {"NVreg_RestrictProfilingToAdminUsers": 0, "NVreg_EnableStreamMemOPs": 1}
+
+
+def test_module_options_as_modprobe_reads_them(tmp_path):
+    conf = tmp_path / "modprobe.d" / "nodecert-nvidia-options.conf"
+    conf.parent.mkdir()
+    conf.write_text(
+        roletemplate.render_file(
+            roletemplate.ROLES / "nvidia_driver/templates/nvidia-options.conf.j2", "nvidia_driver", nvidia_driver_module_params=PARAMS
+        )
+    )
+    # kmod's own parser over that directory alone.
+    shown = subprocess.run(
+        ["modprobe", "--config", str(conf.parent), "--showconfig"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RestrictProfilingToAdminUsers=0" in shown.splitlines()
+
+
+def bad_params(params) -> list[str]:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Check the nvidia module options"]
+    return roletemplate.render("_nvidia_driver_bad_params", "nvidia_driver", nvidia_driver_module_params=params, _nvidia_driver_bad_params=__import__("ansible.template", fromlist=["trust_as_template"]).trust_as_template(task["vars"]["_nvidia_driver_bad_params"]))
+
+
+@pytest.mark.parametrize(
+    ("params", "bad"),
+    [
+        (PARAMS, []),
+        ({}, []),
+        ({"RestrictProfiling": 0}, ["RestrictProfiling=0"]),
+        ({"NVreg_RegistryDwords": "a=1 b=2"}, ["NVreg_RegistryDwords=a=1 b=2"]),
+        ({"NVreg_X": ""}, ["NVreg_X="]),
+        ("NVreg_RestrictProfilingToAdminUsers=0", ["NVreg_RestrictProfilingToAdminUsers=0"]),
+    ],
+)
+def test_module_options_are_checked_before_any_change(params, bad):
+    assert bad_params(params) == bad
