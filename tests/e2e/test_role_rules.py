@@ -360,7 +360,12 @@ def early_source(stdout: str, **settings) -> str:
     tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/source.yml").read_text())
     (task,) = [t for t in tasks if t.get("name") == "Decide early where the kernel modules come from"]
     expression = task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"].strip().removeprefix("{{").removesuffix("}}")
-    return roletemplate.render(expression, "nvidia_driver", _nvidia_driver_early_policy={"stdout": stdout}, **driver_facts(**settings))
+    from ansible.template import trust_as_template
+
+    task_vars = {name: trust_as_template(value) for name, value in task["vars"].items()}
+    return roletemplate.render(
+        expression, "nvidia_driver", _nvidia_driver_early_policy={"stdout": stdout}, **task_vars, **driver_facts(**settings)
+    )
 
 
 @pytest.mark.parametrize(
