@@ -108,5 +108,5 @@ def test_a_host_slurm_does_not_know_is_left_alone(cluster, tmp_path):
     cluster.reset()
     between, proc = drain_then_resume(cluster, tmp_path, "not-a-slurm-node")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "Drain the host in Slurm: not-a-slurm-node" in proc.stdout and "skipping: [localhost]" in proc.stdout
+    assert "Drain in Slurm the host not-a-slurm-node" in proc.stdout and "skipping: [localhost]" in proc.stdout
     assert [cluster.node_state(n)[0] for n in NODES] == ["idle", "idle"]
