@@ -31,13 +31,19 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "example-checksum",
         "debian-gpu",
         "gh200-proprietary",
+        "dpkg-interrupted",
+        "secure-boot-dkms",
     )
     roots = {name: make_host(name, debian12_tarball) for name in names}
     rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
     runner.fake_pci_device(roots["secure-boot"], "0000:3b:00.0", "2330", "0x030200")
     runner.fake_secure_boot(roots["secure-boot"], enabled=True)
+    runner.fake_pci_device(roots["secure-boot-dkms"], "0000:3b:00.0", "2330", "0x030200")
+    runner.fake_secure_boot(roots["secure-boot-dkms"], enabled=True)
     runner.fake_pci_device(roots["debian-gpu"], "0000:3b:00.0", "2330", "0x030200")
     runner.fake_pci_device(roots["gh200-proprietary"], "0000:01:00.0", "2342", "0x030200")
+    # What a dpkg run killed while unpacking leaves: its unfinished status entry.
+    (roots["dpkg-interrupted"] / "var/lib/dpkg/updates/0001").write_text("Package: curl\nStatus: install ok half-installed\n")
     host_vars = {
         "bad-checksum": {
             "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()
@@ -50,6 +56,8 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "apt-locked": {"preflight_apt_lock_timeout": LOCK_TIMEOUT},
         # A kernel Canonical ships no precompiled NVIDIA modules for: DKMS would be needed.
         "secure-boot": {"nvidia_driver_kernel_release": "6.99.0-1-generic"},
+        # DKMS asked for: known before NVIDIA's repository is read, so the stop comes before any change.
+        "secure-boot-dkms": {"nvidia_driver_module_source": "dkms"},
         # inventory.example's placeholder, copied without being replaced.
         "example-checksum": {"cuda_toolkit_repo_key_checksum": EXAMPLE_CHECKSUM},
         # The default: Debian is no GPU distribution (base_vars lets the other roots play Ubuntu).
@@ -129,6 +137,14 @@ def test_secure_boot_without_signed_modules_stops_with_mok_steps(faults):
     assert not [p for p in status if p.startswith(("nvidia-", "linux-modules-nvidia"))]
 
 
+def test_secure_boot_with_dkms_stops_before_any_change(faults):
+    roots, result = faults
+    message = result.failure("secure-boot-dkms")
+    assert "Secure Boot is enabled on secure-boot-dkms" in message, result
+    assert untouched(roots["secure-boot-dkms"])
+    assert not (roots["secure-boot-dkms"] / "etc/apt/keyrings/nvidia-cuda.asc").exists()
+
+
 def untouched(root) -> bool:
     """Nothing of the provisioning landed: no CUDA source, no NVIDIA package."""
     query = runner.in_root(root, "dpkg-query", "--show", "--showformat=${Package}\\n", check=False)
@@ -159,6 +175,16 @@ def test_gh200_with_proprietary_modules_is_refused(faults):
     message = result.failure("gh200-proprietary")
     assert "nvidia_driver_kernel_modules=proprietary cannot drive" in message and "GH200" in message, result
     assert untouched(roots["gh200-proprietary"])
+
+
+def test_interrupted_dpkg_stops_in_preflight_with_one_line(faults):
+    roots, result = faults
+    message = result.failure("dpkg-interrupted")
+    assert message == (
+        "dpkg was interrupted on dpkg-interrupted (1 unfinished entry in /var/lib/dpkg/updates): run "
+        "sudo dpkg --configure -a there, then run again."
+    ), result
+    assert untouched(roots["dpkg-interrupted"])
 
 
 def test_failed_host_stops_the_rollout_before_the_next_batch(

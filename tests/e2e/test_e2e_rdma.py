@@ -2,15 +2,18 @@
 Ubuntu archive answers), the second run changing nothing, then assertions on what the roots hold;
 and `--check` on a fresh root leaving it byte-identical.
 
-One Debian host carries an nvidia-peermem module file under /lib/modules/<this kernel> (what the
-NVIDIA driver's kernel-module package installs; the chroots report this machine's kernel), so the
-boot-time load is written there and not on the others. Nothing here loads a module: chroots share
+One Debian host carries an nvidia-peermem module under /lib/modules/<this kernel> (what the
+NVIDIA driver's kernel-module package installs; the chroots report this machine's kernel) built with
+peer-memory symbols, another a stub built without them: the boot-time load is written on the first
+only. Nothing here loads a module: chroots share
 this machine's kernel (see docs/multinode.md).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +30,7 @@ ANSIBLE_WORKDIR = ("root/.ansible",)
 # Only what the role needs from the preflight role: no GPU in a chroot, small roots, short waits.
 RDMA_VARS = {"preflight_require_gpu": False, "preflight_min_free_disk_mb": 1024,
              "preflight_apt_lock_timeout": 30}
-PACKAGES = ("rdma-core", "ibverbs-utils", "infiniband-diags", "perftest")
+PACKAGES = ("rdma-core", "ibverbs-utils", "infiniband-diags", "perftest", "kmod")
 TOOLS = ("/usr/bin/ibv_devinfo", "/usr/sbin/ibstat", "/usr/bin/ib_write_bw")
 
 
@@ -44,10 +47,18 @@ def rdma_playbook(workdir: Path) -> Path:
     return play_dir / "rdma.yml"
 
 
-def plant_peermem(root: Path) -> Path:
+def plant_peermem(root: Path, depends: str = "ib_core,nvidia") -> Path:
+    """An ELF object with the module's .modinfo, which modinfo reads as from the real module: built
+    with peer-memory symbols (MLNX_OFED's, or a kernel that has them) it depends on ib_core;
+    Canonical's build without them (a stub that fails to load) depends on nvidia alone."""
     module = root / "lib/modules" / KERNEL / "updates/dkms/nvidia-peermem.ko"
     module.parent.mkdir(parents=True, exist_ok=True)
-    module.write_bytes(b"\x7fELF stand-in for the driver's module")
+    with tempfile.TemporaryDirectory() as tmp:
+        empty, modinfo = Path(tmp) / "empty.o", Path(tmp) / "modinfo"
+        subprocess.run(["as", "-o", str(empty), "/dev/null"], check=True)
+        modinfo.write_bytes(f"license=Dual BSD/GPL\0depends={depends}\0name=nvidia_peermem\0".encode())
+        subprocess.run(["objcopy", f"--add-section=.modinfo={modinfo}", "--set-section-flags=.modinfo=alloc,readonly",
+                        str(empty), str(module)], check=True)
     return module
 
 
@@ -61,8 +72,9 @@ class Converged:
 @pytest.fixture(scope="module")
 def converged(e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home) -> Converged:
     roots = {name: rootfs.unpack(debian12_tarball, workdir / "hosts" / name)
-             for name in ("rdma-plain", "rdma-peermem")}
+             for name in ("rdma-plain", "rdma-peermem", "rdma-stub")}
     plant_peermem(roots["rdma-peermem"])
+    plant_peermem(roots["rdma-stub"], depends="nvidia")
     # A setting left from a driver that had the module: auto removes it where none is installed.
     stale = roots["rdma-plain"] / "etc/modules-load.d/nodecert-rdma.conf"
     stale.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +115,12 @@ def test_peermem_loads_at_boot_only_where_the_driver_provides_it(converged):
     conf = "etc/modules-load.d/nodecert-rdma.conf"
     assert "nvidia-peermem" in (converged.roots["rdma-peermem"] / conf).read_text().split()
     assert not (converged.roots["rdma-plain"] / conf).exists(), "stale setting kept"
+
+
+def test_a_peermem_stub_is_not_loaded_at_boot_and_says_why(converged):
+    # A module built without peer-memory symbols fails at every boot (EINVAL): not set to load.
+    assert not (converged.roots["rdma-stub"] / "etc/modules-load.d/nodecert-rdma.conf").exists()
+    assert "depends on nvidia, not ib_core" in converged.first.output, converged.first
 
 
 def test_memlock_is_unlimited_for_sessions_and_services(converged):

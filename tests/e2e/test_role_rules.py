@@ -1,0 +1,449 @@
+"""The roles' package-name rules, evaluated by Ansible's own templating (e2elib.roletemplate) over
+whole tables of real package names, and where a real consumer exists, by that consumer:
+unattended-upgrades' own matching code reads the rendered blacklist through apt's config parser.
+
+Fast (no root filesystem, no play): the e2e tests cover the same roles on real roots.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2elib import aptrepo, roletemplate  # noqa: E402
+
+KERNEL = "6.8.0-90-generic"
+NEXT_KERNEL = "6.8.0-94-generic"
+
+# The CUDA toolkit's own versioned packages, as apt lists them when installing cuda-toolkit-12-x
+# from NVIDIA's repository (an apt transcript of cuda-toolkit-12-5: libcublas-12-5 libcublas-dev-12-5
+# libcufft-12-5 ... libnvfatbin-dev-12-5 libnvjitlink-12-5 libnvjpeg-dev-12-5; gds-tools-12-9 and
+# nsight-compute/-systems come with cuda-toolkit too). Written for 12-8, the toolkit the roles pin.
+CUDA_TOOLKIT_DEPENDENCIES = [
+    f"lib{name}{dev}-12-8"
+    for name in ("cublas", "cufft", "cufile", "curand", "cusolver", "cusparse", "npp", "nvfatbin", "nvjitlink", "nvjpeg")
+    for dev in ("", "-dev")
+] + ["gds-tools-12-8", "nsight-compute-2025.1.1", "nsight-systems-2024.6.2", "cuda-keyring", "cuda-compat-12-8"]
+
+# Every NVIDIA/CUDA package the roles install or pull in, Canonical's and NVIDIA's names: the
+# stand-in repository carries the names the roles ask for (driver branches 570/580/590, Fabric
+# Manager, NSCQ, IMEX, NVLink5, toolkit, NCCL). Canonical's precompiled modules are not among them:
+# they follow the kernel (see test_kernel_modules_follow_the_kernel_under_unattended_upgrades).
+NVIDIA_PACKAGES = sorted(
+    {
+        package.name
+        for package in aptrepo.stand_in_packages(KERNEL)
+        if not package.name.startswith(("linux-headers-", "linux-modules-nvidia-"))
+    }
+    | set(CUDA_TOOLKIT_DEPENDENCIES)
+    | {"libnvidia-nscq-580", "nvidia-fabricmanager-580", "nvidia-imex-580", "xserver-xorg-video-nvidia-535-server"}
+)
+
+# Packages whose names start like NVIDIA's and which get security updates of their own (noble's
+# names): the blacklist must let them through.
+OTHER_PACKAGES = [
+    "curl",
+    "libcurl4t64",
+    "libcurl3t64-gnutls",
+    "libcups2t64",
+    "cups",
+    "libcupsimage2t64",
+    "libcue2",
+    "libcunit1",
+    "libcups2-dev",
+    "libnpth0t64",
+    "libnvme1t64",
+    "libnss3",
+    "cudf-tools",  # not a real noble package: a name merely starting with "cud"
+    "nsight",  # likewise
+    # The kernel and Canonical's NVIDIA modules for it move together (docs/provisioning.md).
+    "linux-generic",
+    "linux-image-virtual",
+    f"linux-image-{NEXT_KERNEL}",
+    "linux-modules-nvidia-580-server-open-generic",
+    f"linux-modules-nvidia-580-server-open-{NEXT_KERNEL}",
+]
+
+# unattended-upgrades' own code: the Package-Blacklist as apt's config parser reads it, each name
+# put through is_pkgname_in_blacklist from /usr/bin/unattended-upgrade (system Python, python3-apt).
+MATCH_WITH_UNATTENDED_UPGRADES = r"""
+import importlib.machinery, importlib.util, json, sys
+import apt_pkg
+loader = importlib.machinery.SourceFileLoader("uu", "/usr/bin/unattended-upgrade")
+spec = importlib.util.spec_from_loader("uu", loader)
+uu = importlib.util.module_from_spec(spec)
+loader.exec_module(uu)
+apt_pkg.init_config()
+apt_pkg.read_config_file(apt_pkg.config, sys.argv[1])
+blacklist = apt_pkg.config.value_list("Unattended-Upgrade::Package-Blacklist")
+names = json.loads(sys.stdin.read())
+print(json.dumps({"blacklist": blacklist, "blocked": [n for n in names if uu.is_pkgname_in_blacklist(n, blacklist)]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory) -> dict:
+    if not Path("/usr/bin/unattended-upgrade").exists() or shutil.which("python3") is None:
+        pytest.fail("unattended-upgrades is missing: apt-get install -y $(cat .ci/apt-packages.txt)")
+    conf = tmp_path_factory.mktemp("uu") / "51nodecert-nvidia-blacklist"
+    conf.write_text(
+        roletemplate.render_file(
+            roletemplate.ROLES / "nvidia_driver/templates/unattended-upgrades-nvidia.conf.j2", "nvidia_driver"
+        )
+    )
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-c", MATCH_WITH_UNATTENDED_UPGRADES, str(conf)],
+        input=json.dumps(NVIDIA_PACKAGES + OTHER_PACKAGES),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
+    return json.loads(proc.stdout)
+
+
+def test_the_rendered_file_carries_every_pattern(blocked):
+    assert blocked["blacklist"] == roletemplate.render("nvidia_driver_unattended_upgrades_blacklist", "nvidia_driver")
+
+
+@pytest.mark.parametrize("name", NVIDIA_PACKAGES)
+def test_unattended_upgrades_keep_nvidia_and_cuda_packages(blocked, name):
+    assert name in blocked["blocked"]
+
+
+@pytest.mark.parametrize("name", OTHER_PACKAGES)
+def test_unattended_upgrades_let_other_security_updates_through(blocked, name):
+    assert name not in blocked["blocked"]
+
+
+# --- Kernel updates: the kernel and Canonical's NVIDIA modules for it move together -------------
+
+# Flavour meta packages of noble's archive (restricted, noble-updates): the kernel metas an image
+# comes with and the NVIDIA modules metas Canonical builds for them ("Package:
+# linux-modules-nvidia-580-server-open-aws-lts-24.04", "...-open-generic-hwe-24.04", "...-open-generic").
+IMAGE_KERNEL_METAS = {
+    # installed linux-image-* meta -> the NVIDIA modules meta that follows it
+    "linux-image-virtual": "linux-modules-nvidia-580-server-open-generic",
+    "linux-image-generic": "linux-modules-nvidia-580-server-open-generic",
+    "linux-image-virtual-hwe-24.04": "linux-modules-nvidia-580-server-open-generic-hwe-24.04",
+    "linux-image-aws-lts-24.04": "linux-modules-nvidia-580-server-open-aws-lts-24.04",
+    "linux-image-gcp-lts-24.04": "linux-modules-nvidia-580-server-open-gcp-lts-24.04",
+    "linux-image-azure": "linux-modules-nvidia-580-server-open-azure",
+}
+KERNEL_METAS = ["linux-generic", "linux-headers-generic", "linux-virtual", "linux-headers-virtual", *IMAGE_KERNEL_METAS]
+MODULES_METAS = sorted(set(IMAGE_KERNEL_METAS.values()) | {"linux-modules-nvidia-580-server-open-generic-6.8"})
+PER_KERNEL = [f"linux-{part}-{KERNEL}" for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")]
+PER_KERNEL_MODULES = [f"linux-modules-nvidia-580-server-open-{KERNEL}", f"linux-objects-nvidia-580-server-{KERNEL}"]
+
+
+def task_var(tasks_file: str, task_name: str, variable: str) -> str:
+    """A set_fact expression exactly as a role's task file spells it."""
+    import yaml
+
+    tasks = yaml.safe_load((roletemplate.ROLES / tasks_file).read_text())
+    (task,) = [t for t in tasks if t.get("name") == task_name]
+    return task["ansible.builtin.set_fact"][variable]
+
+
+def driver_facts(**extra) -> dict:
+    return {
+        "_nvidia_driver_kernel": KERNEL,
+        "_nvidia_driver_kernel_flavours": ["generic", "aws-lts-24.04"],
+        "_nvidia_driver_flavour": "open",
+        **extra,
+    }
+
+
+def matching(regex_variable: str, names: list[str], **facts) -> list[str]:
+    return roletemplate.render(
+        f"names | select('match', {regex_variable}) | list", "nvidia_driver", names=names, **driver_facts(**facts)
+    )
+
+
+def test_every_image_kernel_meta_brings_its_modules_meta():
+    expression = task_var("nvidia_driver/tasks/kernel.yml", "Decide the kernel the modules are for", "_nvidia_driver_kernel_flavours")
+    for image_meta, modules_meta in IMAGE_KERNEL_METAS.items():
+        metas = {"stdout_lines": [f"installed {image_meta}", f"installed linux-image-{KERNEL}", "installed linux-image-unsigned-6.8.0-90-generic"]}
+        flavours = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver", _nvidia_driver_kernel_metas=metas)
+        candidates = roletemplate.render("_nvidia_driver_meta_candidates", "nvidia_driver", **driver_facts(_nvidia_driver_kernel_flavours=flavours))
+        assert candidates == [modules_meta], image_meta
+
+
+def test_neither_the_kernel_metas_nor_the_modules_metas_are_held():
+    names = KERNEL_METAS + MODULES_METAS
+    assert matching("_nvidia_driver_held_re", names) == []
+    assert matching("_nvidia_driver_kernel_re", names) == []
+
+
+def test_the_kernel_and_its_modules_are_held():
+    assert matching("_nvidia_driver_kernel_re", PER_KERNEL + PER_KERNEL_MODULES) == PER_KERNEL
+    assert matching("_nvidia_driver_held_re", PER_KERNEL + PER_KERNEL_MODULES) == PER_KERNEL_MODULES
+
+
+def test_holds_earlier_runs_put_on_flavour_metas_are_lifted():
+    # The image's flavours (driver_facts: generic and aws-lts-24.04, plus virtual): their kernel
+    # metas; NVIDIA modules metas of any flavour and branch.
+    installed = [name for name in KERNEL_METAS if "gcp" not in name and "azure" not in name]
+    names = installed + MODULES_METAS + ["linux-modules-nvidia-535-server-generic"]
+    assert matching("_nvidia_driver_flavour_meta_re", names) == names
+    assert matching("_nvidia_driver_flavour_meta_re", PER_KERNEL + PER_KERNEL_MODULES + ["linux-firmware", "linux-base"]) == []
+
+
+@pytest.fixture(scope="module")
+def kernel_guard(tmp_path_factory) -> Path:
+    script = tmp_path_factory.mktemp("guard") / "nodecert-nvidia-kernel-guard"
+    script.write_text(
+        roletemplate.render_file(roletemplate.ROLES / "nvidia_driver/templates/nvidia-kernel-guard.sh.j2", "nvidia_driver", **driver_facts())
+    )
+    script.chmod(0o755)
+    return script
+
+
+def run_guard(script: Path, *debs: str) -> subprocess.CompletedProcess:
+    # As apt runs a DPkg::Pre-Install-Pkgs hook (protocol version 1): one .deb path a line.
+    lines = "".join(f"/var/cache/apt/archives/{deb}\n" for deb in debs)
+    return subprocess.run([str(script)], input=lines, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_guard_lets_a_kernel_in_with_its_modules(kernel_guard):
+    proc = run_guard(
+        kernel_guard,
+        f"linux-image-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-nvidia-580-server-open-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        "linux-modules-nvidia-580-server-open-generic_6.8.0-94.96_amd64.deb",
+        "linux-generic_6.8.0-94.96_amd64.deb",
+        "curl_8.5.0-2ubuntu10.7_amd64.deb",
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_guard_refuses_a_kernel_without_its_modules_in_one_line(kernel_guard):
+    # The modules meta kept back (its new modules need a newer driver than the held one).
+    proc = run_guard(
+        kernel_guard,
+        f"linux-image-unsigned-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        f"linux-modules-{NEXT_KERNEL}_6.8.0-94.96_amd64.deb",
+        "linux-generic_6.8.0-94.96_amd64.deb",
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert f"refusing kernel {NEXT_KERNEL}: apt brings no linux-modules-nvidia-580-server-open-{NEXT_KERNEL}" in proc.stderr
+
+
+def test_guard_lets_everything_else_through(kernel_guard):
+    proc = run_guard(kernel_guard, "curl_8.5.0-2ubuntu10.7_amd64.deb", "linux-firmware_20240318.git3b128b60-0ubuntu2.5_amd64.deb")
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("page", ["docs/provisioning.md", "docs/runbook.md"])
+def test_pages_carry_no_merge_conflict_markers(page):
+    text = (roletemplate.ROLES.parents[1] / page).read_text()
+    assert not re.findall(r"^(<{7} |={7}$|>{7} )", text, re.M)
+
+
+# --- Moving from Ubuntu's 535-server driver ---------------------------------------------------
+
+# What `ubuntu-drivers install` (nvidia-driver-535-server) and Fabric Manager leave on a noble node,
+# names from noble's restricted index (nvidia-driver-535-server 535.161.08-0ubuntu2 "Depends:
+# libnvidia-gl-535-server, nvidia-dkms-535-server, nvidia-kernel-common-535-server,
+# nvidia-kernel-source-535-server, libnvidia-compute-535-server, libnvidia-extra-535-server,
+# nvidia-compute-utils-535-server, libnvidia-decode-535-server, libnvidia-encode-535-server,
+# nvidia-utils-535-server, xserver-xorg-video-nvidia-535-server, libnvidia-cfg1-535-server,
+# libnvidia-fbc1-535-server"; nvidia-firmware-535-server-535.161.08; the modules packages and their
+# -generic meta package), plus multiverse's nvidia-fabricmanager-535 and libnvidia-nscq-535.
+BRANCH_535_SERVER = [
+    "nvidia-driver-535-server",
+    "libnvidia-gl-535-server",
+    "nvidia-dkms-535-server",
+    "nvidia-kernel-common-535-server",
+    "nvidia-kernel-source-535-server",
+    "libnvidia-common-535-server",
+    "libnvidia-compute-535-server",
+    "libnvidia-extra-535-server",
+    "nvidia-compute-utils-535-server",
+    "libnvidia-decode-535-server",
+    "libnvidia-encode-535-server",
+    "nvidia-utils-535-server",
+    "xserver-xorg-video-nvidia-535-server",
+    "libnvidia-cfg1-535-server",
+    "libnvidia-fbc1-535-server",
+    "nvidia-firmware-535-server-535.161.08",
+    "nvidia-headless-no-dkms-535-server",
+    f"linux-modules-nvidia-535-server-{KERNEL}",
+    f"linux-objects-nvidia-535-server-{KERNEL}",
+    f"linux-signatures-nvidia-535-server-{KERNEL}",
+    "linux-modules-nvidia-535-server-generic",
+    "nvidia-fabricmanager-535",
+    "libnvidia-nscq-535",
+]
+BRANCH_580_SERVER = [name.replace("535", "580") for name in BRANCH_535_SERVER] + ["nvidia-driver-pinning-580"]
+
+
+def test_every_535_server_package_is_another_branch():
+    assert matching("_nvidia_driver_other_branch_re", BRANCH_535_SERVER) == BRANCH_535_SERVER
+    assert matching("_nvidia_driver_other_branch_re", BRANCH_580_SERVER) == []
+
+
+def unknown_holds(selections: list[str]) -> list[str]:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Check that every held NVIDIA package belongs to a driver branch"]
+    expression = task["vars"]["_nvidia_driver_unknown_holds"].strip().removeprefix("{{").removesuffix("}}")
+    return roletemplate.render(
+        expression, "nvidia_driver", _nvidia_driver_preflight_selections={"stdout_lines": selections}, **driver_facts()
+    )
+
+
+def test_a_535_server_node_with_the_admins_holds_passes_the_check():
+    selections = [f"hold {name}" for name in BRANCH_535_SERVER] + ["install curl", "hold nvidia-fabricmanager", "hold linux-image-virtual"]
+    assert unknown_holds(selections) == []
+
+
+def test_a_held_branch_package_of_an_unknown_name_stops_before_any_change():
+    # A made-up name of another branch that no pattern knows (as xserver-xorg-video-nvidia-535-server
+    # was before): named in preflight, not left to apt's "held packages" halfway through the run.
+    held = ["hold vendor-tools-nvidia-535-server", "hold nvidia-utils-535-server"]
+    assert unknown_holds(held) == ["vendor-tools-nvidia-535-server"]
+
+
+# --- Check mode on a fresh Ubuntu 24.04 node: NCCL ----------------------------------------------
+
+# `apt-cache madison libnccl2` lines: noble's own build (multiverse, "Package: libnccl2 / Version:
+# 2.18.5-1-2 / Source: nvidia-nccl") and NVIDIA's, which carry +cuda<release>.
+NOBLE_NCCL = "  libnccl2 | 2.18.5-1-2 | http://archive.ubuntu.com/ubuntu noble/multiverse amd64 Packages"
+NVIDIA_NCCL = "  libnccl2 | 2.26.2-1+cuda12.8 | https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64  Packages"
+
+
+def nccl_pending(check_mode: bool, madison: list[str]) -> bool:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nccl/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Note whether check mode can see NCCL"]
+    expression = task["ansible.builtin.set_fact"]["_nccl_pending"].strip().removeprefix("{{").removesuffix("}}")
+    return roletemplate.render(expression, "nccl", ansible_check_mode=check_mode, _nccl_madison={"stdout": "\n".join(madison), "stdout_lines": madison})
+
+
+@pytest.mark.parametrize(
+    ("check_mode", "madison", "pending"),
+    [
+        (True, [NOBLE_NCCL], True),  # fresh noble node: only Ubuntu's libnccl2, the CUDA repo comes later
+        (True, [], True),  # fresh Debian node
+        (True, [NVIDIA_NCCL, NOBLE_NCCL], False),  # the CUDA repository is there: the pin is checked
+        (False, [NOBLE_NCCL], False),  # a real run always checks
+    ],
+)
+def test_check_mode_waits_for_nvidias_nccl_only_while_apt_has_none(check_mode, madison, pending):
+    assert nccl_pending(check_mode, madison) is pending
+
+
+# --- Where the modules come from, decided before any change -------------------------------------
+
+
+def policy(*offered: str, listed: tuple[str, ...] = ()) -> str:
+    """`apt-cache policy` output: each offered package with a candidate, each listed one without."""
+    out = [f"{name}:\n  Installed: (none)\n  Candidate: 580.95.05-0ubuntu1\n  Version table:" for name in offered]
+    out += [f"{name}:\n  Installed: (none)\n  Candidate: (none)\n  Version table:" for name in listed]
+    return "\n".join(out) + "\n"
+
+
+HEADLESS = "nvidia-headless-no-dkms-580-server-open"
+PRECOMPILED = f"linux-modules-nvidia-580-server-open-{KERNEL}"
+
+
+def early_source(stdout: str, **settings) -> str:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/source.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Decide early where the kernel modules come from"]
+    expression = task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"].strip().removeprefix("{{").removesuffix("}}")
+    from ansible.template import trust_as_template
+
+    task_vars = {name: trust_as_template(value) for name, value in task["vars"].items()}
+    return roletemplate.render(
+        expression, "nvidia_driver", _nvidia_driver_early_policy={"stdout": stdout}, **task_vars, **driver_facts(**settings)
+    )
+
+
+@pytest.mark.parametrize(
+    ("stdout", "settings", "source"),
+    [
+        (policy(HEADLESS, PRECOMPILED), {}, "precompiled"),
+        (policy(HEADLESS), {}, "dkms"),  # auto: Ubuntu's archive has no modules for this kernel
+        (policy(HEADLESS), {"nvidia_driver_module_source": "precompiled"}, "missing"),
+        (policy(HEADLESS, PRECOMPILED), {"nvidia_driver_module_source": "dkms"}, "dkms"),
+        ("", {"nvidia_driver_repository": "nvidia"}, "dkms"),
+        # The driver comes from a repository this play has not added yet: decided later.
+        (policy(listed=(HEADLESS, PRECOMPILED)), {}, "unknown"),
+        ("", {}, "unknown"),
+    ],
+)
+def test_the_module_source_is_decided_before_any_change_where_apt_knows(stdout, settings, source):
+    assert early_source(stdout, **settings) == source
+
+
+# --- A malformed inventory --------------------------------------------------------------------
+
+
+def test_a_malformed_inventory_is_reported_with_its_parse_error(tmp_path):
+    """As `make provision` runs it (from the repository, with its ansible.cfg): the parse error
+    itself, not "defines no hosts in the group gpu_nodes"."""
+    inventory = tmp_path / "inventory"
+    inventory.write_text("[gpu_nodes\nnode1 ansible_host=10.0.0.1\n")
+    repo = roletemplate.ROLES.parents[1]
+    proc = subprocess.run(
+        [str(repo / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/provision.yml", "--list-hosts"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"},
+    )
+    assert proc.returncode != 0
+    assert "Failed to parse inventory with 'ini' plugin" in proc.stdout + proc.stderr
+    assert "No inventory was parsed" in proc.stdout + proc.stderr
+    assert "defines no hosts" not in proc.stdout + proc.stderr
+
+
+# --- nvidia module options --------------------------------------------------------------------
+
+# Azure's HPC images let users profile: NVreg_RestrictProfilingToAdminUsers=0.
+PARAMS = {"NVreg_RestrictProfilingToAdminUsers": 0, "NVreg_EnableStreamMemOPs": 1}
+
+
+def test_module_options_as_modprobe_reads_them(tmp_path):
+    conf = tmp_path / "modprobe.d" / "nodecert-nvidia-options.conf"
+    conf.parent.mkdir()
+    conf.write_text(
+        roletemplate.render_file(
+            roletemplate.ROLES / "nvidia_driver/templates/nvidia-options.conf.j2", "nvidia_driver", nvidia_driver_module_params=PARAMS
+        )
+    )
+    # kmod's own parser over that directory alone.
+    shown = subprocess.run(
+        ["modprobe", "--config", str(conf.parent), "--showconfig"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RestrictProfilingToAdminUsers=0" in shown.splitlines()
+
+
+def bad_params(params) -> list[str]:
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Check the nvidia module options"]
+    return roletemplate.render("_nvidia_driver_bad_params", "nvidia_driver", nvidia_driver_module_params=params, _nvidia_driver_bad_params=__import__("ansible.template", fromlist=["trust_as_template"]).trust_as_template(task["vars"]["_nvidia_driver_bad_params"]))
+
+
+@pytest.mark.parametrize(
+    ("params", "bad"),
+    [
+        (PARAMS, []),
+        ({}, []),
+        ({"RestrictProfiling": 0}, ["RestrictProfiling=0"]),
+        ({"NVreg_RegistryDwords": "a=1 b=2"}, ["NVreg_RegistryDwords=a=1 b=2"]),
+        ({"NVreg_X": ""}, ["NVreg_X="]),
+        ("NVreg_RestrictProfilingToAdminUsers=0", ["NVreg_RestrictProfilingToAdminUsers=0"]),
+    ],
+)
+def test_module_options_are_checked_before_any_change(params, bad):
+    assert bad_params(params) == bad
