@@ -1,6 +1,8 @@
 """`python -m checks`: run the check suite on this host (or a scenario) and report.
 
-Exit codes: 0 all PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or configuration.
+Exit codes: 0 all PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or configuration,
+128 + N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP), after killing every process of
+the run (checks/node/watchdog.py, checks/supervise/procs.py).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from checks import report_schema as report
 from checks.hw.base import Backend, HardwareError
 from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
 from checks.model import CheckOutcome
-from checks.node import budget, registry, runner
+from checks.node import budget, registry, runner, watchdog
 from checks.node.context import Context, Options
 from checks.render import html, junit, prometheus, terminal
+from checks.supervise import procs
 
 EXIT_USAGE = 2
 
@@ -50,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m checks",
         description="Verify that this host can train with PyTorch on its NVIDIA GPUs.",
         epilog="Exit status: 0 all checks PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or "
-               "configuration. Docs: README.md (checks, scenario format, report schema). "
+               "configuration, 128+N stopped by signal N (130 SIGINT, 143 SIGTERM). "
+               "Docs: README.md (checks, scenario format, report schema). "
                "`python -m checks record FILE` writes this machine as a scenario "
                "(docs/recording.md).")
     p.add_argument("--level", choices=registry.LEVELS, default=None,
@@ -227,14 +231,14 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     started_at = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
     if args.quiet:
-        outcomes = runner.run(selected, ctx)
+        outcomes = watchdog.run(selected, ctx)
     elif err.is_terminal:
         with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
-            outcomes = runner.run(selected, ctx, _progress_listener(progress, len(selected)))
+            outcomes = watchdog.run(selected, ctx, _progress_listener(progress, len(selected)))
     else:
-        outcomes = runner.run(selected, ctx, _line_listener(err, len(selected)))
+        outcomes = watchdog.run(selected, ctx, _line_listener(err, len(selected)))
     meta = {
         "host": socket.gethostname(), "run_id": args.run_id, "started_at": started_at,
         "duration_s": time.monotonic() - t0, "level": args.level, "backend": hw.name,
@@ -280,6 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
+    except procs.Terminated as exc:  # SIGINT/SIGTERM/SIGHUP, handlers set by __main__
+        print(f"stopped by {exc.name}: every process of the run was killed, no report written",
+              file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
-        return 130
+        print("stopped by SIGINT: every process of the run was killed, no report written",
+              file=sys.stderr)
+        return 128 + 2
