@@ -194,9 +194,14 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         hw = make_backend(args.simulate)
         try:
             plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
-                               duration_s=args.duration)
+                               duration_s=args.duration,
+                               required=[c.id for c in selected if c.level == "quick"])
         except budget.BudgetError as exc:
             raise UsageError(str(exc)) from None
+        if not plan.chosen:  # nothing would run, and "no problem found" would read as PASS
+            cheapest = min((x["cost_s"] for x in plan.left_out), default=0)
+            raise UsageError(f"--budget {args.budget:g} s holds none of the selected checks "
+                             f"(the cheapest needs ~{cheapest:.0f} s)")
         selected = [c for c in selected if c.id in plan.ids]
         if plan.duration_s is not None:
             args.duration = plan.duration_s
