@@ -142,8 +142,8 @@ def system_facts(hw: Backend) -> dict[str, Any]:
     for key, read in (("os", lambda: hw.os_release().get("PRETTY_NAME")),
                       ("kernel", hw.kernel_release),
                       ("cpus", hw.cpu_count),
-                      ("torch", lambda: hw.torch().version),
-                      ("torch_cuda", lambda: hw.torch().cuda),
+                      ("torch", lambda: hw.torch_build()[0]),  # imports no torch: see
+                      ("torch_cuda", lambda: hw.torch_build()[1]),  # checks/hw/torchview.py
                       ("driver", lambda: hw.nvml().driver_version())):
         try:
             facts[key] = read()
