@@ -7,6 +7,7 @@ else by the NVIDIA GPUs' PCI device IDs (readable with no driver), else by NVML'
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,9 @@ from typing import Any
 import yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+# libyaml when PyYAML has it: detection parses every profile (most extend generic) on each run,
+# ~0.5 CPU s in pure Python, the largest part of the health check's quick level.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 GENERIC = "generic"
 
 
@@ -71,7 +75,8 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
     if name in _seen:
         raise ProfileError(f"profile {name}: 'extends' loops")
     try:
-        data = yaml.safe_load(path.read_text())
+        stat = path.stat()
+        data = copy.deepcopy(_parse(path, stat.st_mtime_ns, stat.st_size))
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
@@ -81,6 +86,12 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
         data = _merge(load(parent, (*_seen, name)).data, data)
     data["name"] = name
     return Profile(name=name, data=data)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: Path, _mtime_ns: int, _size: int) -> Any:
+    """One profile file parsed once per process (and again when it changes)."""
+    return yaml.load(path.read_text(), Loader=_LOADER)  # a safe loader (C or Python)
 
 
 def _matches(profile: Profile, device_ids: Iterable[int], names: Iterable[str]) -> str | None:

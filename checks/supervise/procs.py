@@ -121,10 +121,10 @@ def _load_prctl():  # type: ignore[no-untyped-def]
     """libc's prctl, resolved once up front (never inside a forked child), or None off Linux."""
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.prctl
+        # The process's own symbols include libc's (ctypes.util.find_library would run
+        # ldconfig, a subprocess on every start of a health check).
+        fn = ctypes.CDLL(None, use_errno=True).prctl
         fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                        ctypes.c_ulong]
         fn.restype = ctypes.c_int
