@@ -66,11 +66,11 @@ def main() -> int:
     floor_cpu = statistics.median(cpus["python -c pass"])
     torch_wall = statistics.median(walls['python -c "import torch"'])
     torch_cpu = statistics.median(cpus['python -c "import torch"'])
-    print(f"{'command':44} {'wall s':>7} {'cpu s':>7} {'wall/pass':>9} {'cpu/pass':>8} "
+    print(f"{'command':52} {'wall s':>7} {'cpu s':>7} {'wall/pass':>9} {'cpu/pass':>8} "
           f"{'wall/torch':>10} {'cpu/torch':>9}  exit")
     for name in COMMANDS:
         wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
-        print(f"{name:44} {wall:7.2f} {cpu:7.2f} {wall / floor_wall:9.1f} {cpu / floor_cpu:8.1f} "
+        print(f"{name:52} {wall:7.2f} {cpu:7.2f} {wall / floor_wall:9.1f} {cpu / floor_cpu:8.1f} "
               f"{wall / torch_wall:10.2f} {cpu / torch_cpu:9.2f}  "
               f"{','.join(map(str, sorted(codes[name])))}")
     quick = f"checks --level quick --simulate {SCENARIO}"
