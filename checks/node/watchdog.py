@@ -24,6 +24,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -102,6 +103,10 @@ def _fork_worker(checks: list[Check], ctx: Context) -> tuple[int, int]:
             procs.set_pdeathsig(signal.SIGKILL)
             if os.getppid() != parent:
                 os._exit(1)
+            # Fresh stdio objects: a lock the parent's progress thread held at the fork would
+            # otherwise stay held here for good.
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the worker
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
             # Ctrl-C goes to the terminal's group, which this is not; SIGTERM from outside
             # unwinds the check (its launches kill their trees) like it does in the parent.
             _serve(checks, ctx, write_fd)
