@@ -20,6 +20,9 @@ from checks import resources
 
 PROFILE_DIR = resources.data("profiles")
 SCHEMA = resources.data("schema", "profile.schema.json")
+# libyaml when PyYAML has it: detection parses every profile (most extend generic) on each run,
+# ~0.5 CPU s in pure Python, the largest part of the health check's quick level.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 GENERIC = "generic"
 
 
@@ -99,17 +102,25 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
     if name in _seen:
         raise ProfileError(f"profile {name}: 'extends' loops")
     try:
-        data = yaml.safe_load(path.read_text())
+        stat = path.stat()
+        data = copy.deepcopy(_parse(path, stat.st_mtime_ns, stat.st_size, name))
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: top level must be a mapping")
-    validate(data, f"checks/profiles/{name}.yaml")
     parent = data.pop("extends", None)
     if parent:
         data = _merge(load(parent, (*_seen, name)).data, data)
     data["name"] = name
     return Profile(name=name, data=data)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: Any, _mtime_ns: int, _size: int, name: str) -> Any:
+    """One profile file parsed and validated once per process (and again when it changes)."""
+    data = yaml.load(path.read_text(), Loader=_LOADER)  # a safe loader (C or Python)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: top level must be a mapping")
+    validate(data, f"checks/profiles/{name}.yaml")
+    return data
 
 
 def _matches(profile: Profile, device_ids: Iterable[int], names: Iterable[str]) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -141,11 +142,43 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
     cfg.validate()
     nproc, _ = choose_nproc(nproc, cfg.device, cuda_count(), share_gpu)
     order = [j for j in ORDER if j in jobs]
+    own = workdir is None
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-train-"))
-    deadline = time.monotonic() + timeout_s
     start = time.monotonic()
     reports: dict[str, JobReport] = {}
     launches: list[LaunchOutcome] = []
+    try:
+        _launch_all(order, cfg, base, reports, launches, nproc=nproc, timeout_s=timeout_s,
+                    stall_s=stall_s, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
+                    env=env, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                    rdzv_id=rdzv_id, local_addr=local_addr)
+    except BaseException:  # SIGINT/SIGTERM (procs.Terminated) or a bug: launch() killed the ranks
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+        raise
+    if own:
+        _remove_workdir(base, reports)
+    return SuiteOutcome(reports={j: reports[j] for j in order}, nproc=nproc,
+                        duration_s=time.monotonic() - start, launches=launches)
+
+
+def _remove_workdir(base: Path, reports: dict[str, JobReport]) -> None:
+    """A workdir this run made goes at the end; only NCCL flight-recorder dumps, which a FAIL
+    names and the log tail cannot replace, keep it (the FAIL message says where)."""
+    if any(r.details.get("flight_recorder") for r in reports.values()):
+        return
+    shutil.rmtree(base, ignore_errors=True)
+    for r in reports.values():
+        if r.details.get("workdir"):
+            r.details["workdir"] = None  # removed; the log tail is in the report
+
+
+def _launch_all(order: list[str], cfg: TrainConfig, base: Path, reports: dict[str, JobReport],
+                launches: list[LaunchOutcome], *, nproc: int, timeout_s: float, stall_s: float,
+                start_timeout_s: float, pg_timeout_s: float | None,
+                env: dict[str, str] | None, nnodes: int, node_rank: int | None,
+                rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None) -> None:
+    deadline = time.monotonic() + timeout_s
     remaining = list(order)
     while remaining:
         wd = base / f"launch-{len(launches)}"
@@ -175,8 +208,6 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
             break
         reports[remaining[0]] = _failure(remaining[0], outcome)
         remaining = remaining[1:]
-    return SuiteOutcome(reports={j: reports[j] for j in order}, nproc=nproc,
-                        duration_s=time.monotonic() - start, launches=launches)
 
 
 def run_ddp_multinode(rdzv_endpoint: str, nnodes: int, node_rank: int, *, nproc: int | None = None,

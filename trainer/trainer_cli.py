@@ -4,7 +4,8 @@ Outside torchrun the command supervises: it launches the ranks itself (torchrun 
 heartbeats, hard timeout, the failing rank named) and runs all the named jobs in that one launch.
 Under torchrun (RANK/WORLD_SIZE set) it is the rank program: the jobs run in this process.
 
-Exit status: 0 every job PASS, 1 a job FAIL/ERROR, 2 bad usage, 77 every job SKIP (with reason).
+Exit status: 0 every job PASS, 1 a job FAIL/ERROR, 2 bad usage, 77 every job SKIP (with reason),
+128 + N stopped by signal N (130 SIGINT, 143 SIGTERM) after killing every rank.
 Rank count (trainer.placement): one rank per GPU; 2 ranks sharing the GPU of a one-GPU host (gloo);
 4 ranks on the CPU. `--nproc` above the GPU count is a usage error unless --share-gpu.
 With `--device auto` on a host whose NVIDIA GPUs torch cannot use, nothing trains on the CPU
@@ -185,12 +186,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         runners = {"dp": dp.run_local, "single": single.run_local}
         reports = [runners[n](cfg) for n in names]
     else:
+        from checks.supervise.procs import Terminated
         from trainer.launcher import run_jobs
 
-        suite = run_jobs(names, cfg, nproc=nproc, timeout_s=args.timeout,
-                         stall_s=args.stall, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                         share_gpu=shared)
+        try:
+            suite = run_jobs(names, cfg, nproc=nproc, timeout_s=args.timeout,
+                             stall_s=args.stall, nnodes=args.nnodes, node_rank=args.node_rank,
+                             rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                             share_gpu=shared)
+        except Terminated as exc:  # SIGINT/SIGTERM/SIGHUP (__main__): the launch unwound
+            print(f"stopped by {exc.name}: the ranks were killed and the workdir removed",
+                  file=sys.stderr)
+            return exc.exit_code
         reports = list(suite.reports.values())
         how = " sharing the GPU over gloo" if shared else ""
         print(f"{len(reports)} job(s) on {suite.nproc} rank(s) per node{how} in "

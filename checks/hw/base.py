@@ -276,6 +276,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def torch(self) -> TorchInfo: ...
 
+    def torch_build(self) -> tuple[str | None, str | None]:
+        """torch's version and CUDA build (torch.version.cuda) for the report, without asking
+        CUDA anything (the Linux backend reads the installed files and imports nothing)."""
+        info = self.torch()
+        return info.version, info.cuda
+
     def virtualization(self) -> str | None:
         """Hypervisor the host runs under ('kvm', 'microsoft', 'amazon', ...), None on bare metal."""
         return None

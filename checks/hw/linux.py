@@ -29,7 +29,7 @@ from checks.hw.base import (
     ToolRun,
     TorchInfo,
 )
-from checks.hw.torchview import read_torch
+from checks.hw.torchview import read_torch, read_torch_build
 
 SYS_PCI = Path("/sys/bus/pci/devices")
 EFI_VARS = Path("/sys/firmware/efi/efivars")
@@ -356,6 +356,11 @@ class LinuxBackend(Backend):
         if self._torch is None:
             self._torch = read_torch()
         return self._torch
+
+    def torch_build(self) -> tuple[str | None, str | None]:
+        if self._torch is not None:
+            return self._torch.version, self._torch.cuda
+        return read_torch_build()
 
     def environ(self) -> Mapping[str, str]:
         return os.environ

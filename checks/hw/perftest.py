@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from checks.supervise import procs
+
 TOOL = "ib_write_bw"
 HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(?P<unit>[A-Za-z]+/sec)\]\s+"
                     r"BW average\[(?P<unit2>[A-Za-z]+/sec)\]")
@@ -116,8 +118,9 @@ def run_loopback(nic: str, *, gpu: int | None = None, port: int = 18515, size: i
     client_argv = command(nic, port, gpu=gpu, size=size, duration_s=duration_s,
                           server="127.0.0.1")
     deadline = time.monotonic() + timeout_s
-    server = subprocess.Popen(server_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=env, start_new_session=True)
+    # procs.start: the server dies with this process and is killed below on every way out.
+    server = procs.start(server_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
     client_out, code, timed_out = "", None, False
     try:
         for _ in range(10):  # the server needs a moment to listen
@@ -126,21 +129,23 @@ def run_loopback(nic: str, *, gpu: int | None = None, port: int = 18515, size: i
             if left <= 0 or server.poll() is not None:
                 break
             try:
-                proc = subprocess.run(client_argv, capture_output=True, text=True, env=env,
-                                      timeout=left, check=False)
+                proc = procs.run(client_argv, text=True, env=env, timeout_s=left)
             except subprocess.TimeoutExpired as exc:
                 client_out, timed_out = _text(exc.stdout) + _text(exc.stderr), True
                 break
             client_out, code = proc.stdout + proc.stderr, proc.returncode
             if code == 0 or not any(m in client_out for m in CONNECT_RETRY):
                 break
-    finally:
-        if server.poll() is None:
-            try:
-                server.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                server.kill()
-        server_out = server.communicate()[0] or ""
+    except BaseException:  # SIGINT/SIGTERM (procs.Terminated) or a bug: no waiting
+        procs.kill_tree(server)
+        raise
+    if server.poll() is None:
+        try:
+            server.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            procs.kill_tree(server)
+    server_out = server.communicate()[0] or ""
+    procs.kill_tree(server)
     if code is None and not timed_out:
         # The server ended before a client could run (no such device, port taken): what it said
         # is the measurement's outcome.

@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
+
 from checks.hw.base import TorchInfo
+
+
+def read_torch_build() -> tuple[str | None, str | None]:
+    """(torch.__version__, torch.version.cuda) from the installed torch/version.py, parsed, not
+    imported: importing torch costs seconds of CPU, which a health check cannot spend on a line
+    of its report. (None, None) when torch is not installed or the file says something else."""
+    try:
+        spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+        where = list(spec.submodule_search_locations or []) if spec else []
+        tree = ast.parse(Path(where[0], "version.py").read_text()) if where else None
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return None, None
+    found: dict[str, str | None] = {}
+    for node in tree.body if tree else []:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            else node.target if isinstance(node, ast.AnnAssign) else None
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and \
+                (value.value is None or isinstance(value.value, str)):
+            found[target.id] = value.value
+    return found.get("__version__"), found.get("cuda")
 
 
 def read_torch() -> TorchInfo:

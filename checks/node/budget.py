@@ -7,7 +7,8 @@ for a GPU host (a fixed part plus a part per GPU), measured where the source say
 otherwise. A check may offer a `smaller` size (fewer dtypes, smaller buffers: profile settings
 overridden for this run) and the burn-in a `scalable` duration.
 
-Planning: checks in order of value (then cheaper first); each is taken at full size if it fits
+Planning: the quick-level checks first (all of them must fit, else the budget is a usage error),
+then the others in order of value (then cheaper first); each is taken at full size if it fits
 what is left, else at its smaller size if that fits, else left out with the reason. The burn-in,
 when taken, gets its minimum duration first and then whatever is left, up to --duration.
 The plan goes into the report (`budget`), so a verdict says what it did not look at.
@@ -16,6 +17,7 @@ The plan goes into the report (`budget`), so a verdict says what it did not look
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,8 +152,12 @@ def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
 
 
 def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: float,
-         entries: Mapping[str, Entry] | None = None) -> Plan:
-    """The plan for these checks (in run order) on a host with `gpus` GPUs."""
+         entries: Mapping[str, Entry] | None = None, required: Iterable[str] = ()) -> Plan:
+    """The plan for these checks (in run order) on a host with `gpus` GPUs.
+
+    `required` (the quick level's checks: the node's health) are planned first; a budget that
+    cannot hold all of them is a BudgetError (a usage error: a verdict that silently skipped
+    the health checks would read as a healthy node). The CLI also refuses an empty plan."""
     if budget_s <= 0:
         raise BudgetError("--budget must be more than 0 s")
     entries = table() if entries is None else entries
@@ -159,7 +165,14 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
     missing = [i for i in ids if i not in entries or i.startswith(SHARED)]
     if missing:
         raise BudgetError(f"budget table has no entry for {', '.join(missing)} (checks/node/budget.yaml)")
-    order = sorted(ids, key=lambda i: (-entries[i].value, entries[i].cost.on(gpus), ids.index(i)))
+    must = [i for i in ids if i in set(required)]
+    need = sum(entries[i].cost.on(gpus) for i in must)
+    if need > budget_s:
+        raise BudgetError(f"--budget {budget_s:g} s is too small: the {len(must)} quick-level "
+                          f"checks (the node's health) need ~{need:.0f} s here; give at least "
+                          f"--budget {math.ceil(need)}s")
+    order = sorted(ids, key=lambda i: (i not in must, -entries[i].value,
+                                       entries[i].cost.on(gpus), ids.index(i)))
     left = budget_s
     chosen: dict[str, Choice] = {}
     left_out: list[dict[str, Any]] = []

@@ -1,6 +1,8 @@
 """`python -m checks`: run the check suite on this host (or a scenario) and report.
 
-Exit codes: 0 all PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or configuration.
+Exit codes: 0 all PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or configuration,
+128 + N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP), after killing every process of
+the run (checks/node/watchdog.py, checks/supervise/procs.py).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from checks import report_schema as report
 from checks.hw.base import Backend, HardwareError
 from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
 from checks.model import CheckOutcome
-from checks.node import budget, expectations, registry, runner
+from checks.node import budget, expectations, registry, runner, watchdog
 from checks.node.context import Context, Options
-from checks.render import html, junit, prometheus, terminal
+from checks.render import terminal
+from checks.supervise import procs
 
 EXIT_USAGE = 2
 
@@ -50,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m checks",
         description="Verify that this host can train with PyTorch on its NVIDIA GPUs.",
         epilog="Exit status: 0 all checks PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or "
-               "configuration. Docs: README.md (checks, scenario format, report schema). "
+               "configuration, 128+N stopped by signal N (130 SIGINT, 143 SIGTERM). "
+               "Docs: README.md (checks, scenario format, report schema). "
                "`python -m checks record FILE` writes this machine as a scenario "
                "(docs/recording.md).")
     p.add_argument("--level", choices=registry.LEVELS, default=None,
@@ -138,8 +142,8 @@ def system_facts(hw: Backend) -> dict[str, Any]:
     for key, read in (("os", lambda: hw.os_release().get("PRETTY_NAME")),
                       ("kernel", hw.kernel_release),
                       ("cpus", hw.cpu_count),
-                      ("torch", lambda: hw.torch().version),
-                      ("torch_cuda", lambda: hw.torch().cuda),
+                      ("torch", lambda: hw.torch_build()[0]),  # imports no torch: see
+                      ("torch_cuda", lambda: hw.torch_build()[1]),  # checks/hw/torchview.py
                       ("driver", lambda: hw.nvml().driver_version())):
         try:
             facts[key] = read()
@@ -232,9 +236,14 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         hw = make_backend(args.simulate)
         try:
             plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
-                               duration_s=args.duration)
+                               duration_s=args.duration,
+                               required=[c.id for c in selected if c.level == "quick"])
         except budget.BudgetError as exc:
             raise UsageError(str(exc)) from None
+        if not plan.chosen:  # nothing would run, and "no problem found" would read as PASS
+            cheapest = min((x["cost_s"] for x in plan.left_out), default=0)
+            raise UsageError(f"--budget {args.budget:g} s holds none of the selected checks "
+                             f"(the cheapest needs ~{cheapest:.0f} s)")
         selected = [c for c in selected if c.id in plan.ids]
         if plan.duration_s is not None:
             args.duration = plan.duration_s
@@ -271,14 +280,14 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     started_at = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
     if args.quiet:
-        outcomes = runner.run(selected, ctx)
+        outcomes = watchdog.run(selected, ctx)
     elif err.is_terminal:
         with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
-            outcomes = runner.run(selected, ctx, _progress_listener(progress, len(selected)))
+            outcomes = watchdog.run(selected, ctx, _progress_listener(progress, len(selected)))
     else:
-        outcomes = runner.run(selected, ctx, _line_listener(err, len(selected)))
+        outcomes = watchdog.run(selected, ctx, _line_listener(err, len(selected)))
     meta = {
         "host": socket.gethostname(), "run_id": args.run_id, "started_at": started_at,
         "duration_s": time.monotonic() - t0, "level": args.level, "backend": hw.name,
@@ -299,11 +308,18 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         path = report.write(doc, args.json or f"reports/{meta['host']}.json")
         if not args.quiet:
             err.print(f"report: {path}", highlight=False)
+    # Imported when asked for: together they cost a health check ~0.3 CPU s of imports.
     if args.junit:
+        from checks.render import junit
+
         junit.write([doc], args.junit)
     if args.html:
+        from checks.render import html
+
         html.write([doc], args.html)
     if args.prometheus:
+        from checks.render import prometheus
+
         prometheus.write([doc], args.prometheus)
     if not args.quiet and args.json != "-":
         terminal.render(doc, console, verbose=args.verbose)
@@ -326,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
+    except procs.Terminated as exc:  # SIGINT/SIGTERM/SIGHUP, handlers set by __main__
+        print(f"stopped by {exc.name}: every process of the run was killed, no report written",
+              file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
-        return 130
+        print("stopped by SIGINT: every process of the run was killed, no report written",
+              file=sys.stderr)
+        return 128 + 2

@@ -41,33 +41,67 @@ def _normalise(chk: Check, produced: Any) -> list[Result]:
     return results
 
 
+def _results(chk: Check, ctx: Context) -> list[Result]:
+    try:
+        return _normalise(chk, chk.func(ctx))
+    except NotSupported as exc:
+        return [skip(f"not supported on this device/driver: {exc}")]
+    except NvmlUnavailable as exc:
+        return [error(f"NVML unavailable: {exc}")]
+    except HardwareError as exc:
+        return [error(f"could not measure: {exc}")]
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
+        return [error(f"check crashed: {type(exc).__name__}: {exc} ({where})")]
+
+
 def _call(chk: Check, ctx: Context) -> list[Result]:
     box: dict[str, Any] = {}
 
     def target() -> None:
-        try:
-            box["results"] = _normalise(chk, chk.func(ctx))
-        except NotSupported as exc:
-            box["results"] = [skip(f"not supported on this device/driver: {exc}")]
-        except NvmlUnavailable as exc:
-            box["results"] = [error(f"NVML unavailable: {exc}")]
-        except HardwareError as exc:
-            box["results"] = [error(f"could not measure: {exc}")]
-        except Exception as exc:
-            last = traceback.extract_tb(exc.__traceback__)[-1]
-            where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
-            box["results"] = [error(f"check crashed: {type(exc).__name__}: {exc} ({where})")]
+        box["results"] = _results(chk, ctx)
 
-    # A daemon thread: a check stuck in a C call (NVML, CUDA) cannot be killed, but it is
-    # abandoned at its timeout and cannot keep the process alive.
+    # A daemon thread: a check stuck in a call that releases the GIL (NVML, CUDA, a sleep) is
+    # abandoned at its timeout and cannot keep the process alive. A check holding the GIL (a
+    # regex on a huge line) cannot be abandoned this way: `python -m checks` runs the checks in
+    # a worker process that checks/node/watchdog.py kills instead.
     thread = threading.Thread(target=target, name=f"check-{chk.id}", daemon=True)
     thread.start()
     thread.join(chk.timeout_s)
     if thread.is_alive():
-        return [error(f"did not finish within {chk.timeout_s:g} s (hung); abandoned",
-                      remedy="look for a hung driver call (nvidia-smi hanging too?) and "
-                             "check the kernel log")]
+        return [timed_out(chk, "abandoned")]
     return box["results"]
+
+
+def timed_out(chk: Check, what: str) -> Result:
+    return error(f"timed out: did not finish within {chk.timeout_s:g} s (hung); {what}",
+                 remedy="look for a hung driver call (nvidia-smi hanging too?) and check the "
+                        "kernel log")
+
+
+def outcome(chk: Check, results: list[Result], duration_s: float) -> CheckOutcome:
+    """The outcome of `chk`, with the check's fault code on every problem it did not code."""
+    for r in results:
+        if r.status in (Status.FAIL, Status.WARN) and r.fault_code is None:
+            r.fault_code = chk.code
+        elif r.status is Status.ERROR and r.fault_code is None:
+            r.fault_code = f"{chk.code}-E"  # "could not collect" has its own code
+    return CheckOutcome(id=chk.id, code=chk.code, title=chk.title, level=chk.level,
+                        tags=chk.tags, results=results, duration_s=duration_s)
+
+
+def run_one(chk: Check, ctx: Context, *, in_thread: bool = True) -> CheckOutcome:
+    """Run one check (or report it blocked) and record its outcome in `ctx`. `in_thread`: under
+    the check's timeout in a thread; otherwise in this thread, for a caller that enforces the
+    timeout from outside (the watchdog's worker process)."""
+    start = time.monotonic()
+    blocked = _blocked(chk, ctx)
+    run_it = _call if in_thread else _results
+    results = [blocked] if blocked else run_it(chk, ctx)
+    done = outcome(chk, results, time.monotonic() - start)
+    ctx.outcomes[chk.id] = done
+    return done
 
 
 def run(checks: Iterable[Check], ctx: Context, listener: Listener | None = None
@@ -76,21 +110,10 @@ def run(checks: Iterable[Check], ctx: Context, listener: Listener | None = None
     for chk in checks:
         if listener:
             listener(chk, None)
-        start = time.monotonic()
-        blocked = _blocked(chk, ctx)
-        results = [blocked] if blocked else _call(chk, ctx)
-        for r in results:
-            if r.status in (Status.FAIL, Status.WARN) and r.fault_code is None:
-                r.fault_code = chk.code
-            elif r.status is Status.ERROR and r.fault_code is None:
-                r.fault_code = f"{chk.code}-E"  # "could not collect" has its own code
-        outcome = CheckOutcome(id=chk.id, code=chk.code, title=chk.title, level=chk.level,
-                               tags=chk.tags, results=results,
-                               duration_s=time.monotonic() - start)
-        ctx.outcomes[chk.id] = outcome
-        outcomes.append(outcome)
+        done = run_one(chk, ctx)
+        outcomes.append(done)
         if listener:
-            listener(chk, outcome)
+            listener(chk, done)
     return outcomes
 
 

@@ -12,7 +12,6 @@ session of its own, watches the ranks' heartbeat files (see rank.py) and:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -28,12 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from checks.supervise import procs
+from checks.supervise.guard import ENV_LOOPBACK_STORE
 from checks.supervise.rank import ENV_WORKDIR
 
 # Errors a rank raises because another rank disappeared: the victim, not the cause.
 PEER_LOSS = re.compile(r"Connection (closed|reset) by peer|remote process exited|Broken pipe|"
                        r"NCCL communicator was aborted|ProcessGroupGloo.*(closed|timed out)|"
                        r"Socket Timeout|Connection refused|read error|EOF", re.IGNORECASE)
+GUARD = "checks.supervise.guard"  # `python -m GUARD MODULE`: MODULE dies with its parent
+ROOT = str(Path(__file__).resolve().parents[2])  # the ranks import `checks` from here
 FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -129,9 +131,12 @@ def _endpoint_is_local(endpoint: str) -> bool:
 def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 1,
                      rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
                      node_rank: int | None = None, local_addr: str | None = None,
-                     join_timeout_s: float = 60.0, python: str = sys.executable) -> list[str]:
-    cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                     join_timeout_s: float = 60.0, python: str = sys.executable,
+                     log_dir: str | Path | None = None) -> list[str]:
+    cmd = [python, "-m", GUARD, "torch.distributed.run", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "--monitor-interval=0.1"]
+    if log_dir is not None:  # else torchrun makes /tmp/torchelastic_*, left behind by a kill
+        cmd.append(f"--log-dir={log_dir}")
     if nnodes == 1 and rdzv_endpoint is None:
         # Static rendezvous on loopback: nothing listens beyond this host.
         cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
@@ -147,7 +152,8 @@ def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 
             cmd.append(f"--node-rank={node_rank}")
         if local_addr:
             cmd.append(f"--local-addr={local_addr}")
-    return [*cmd, "-m", module, *args]
+    # Every rank runs through the guard: it dies with torchrun, even when torchrun is SIGKILLed.
+    return [*cmd, "-m", GUARD, module, *args]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -164,16 +170,6 @@ def _heartbeats(workdir: Path) -> dict[int, dict[str, Any]]:
         if data is not None:
             beats[int(data["rank"])] = data
     return beats
-
-
-def _kill_tree(proc: subprocess.Popen[bytes], extra: list[int]) -> list[int]:
-    """SIGKILL torchrun, its process group, every descendant and the ranks' own pids."""
-    victims = set(procs.descendants(proc.pid)) | set(extra)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    left = procs.kill_all(sorted(victims))
-    proc.wait()
-    return left
 
 
 def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
@@ -198,44 +194,61 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
         stale.unlink()
     cmd = torchrun_command(module, args, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                            rdzv_id=rdzv_id, node_rank=node_rank, local_addr=local_addr,
-                           join_timeout_s=start_timeout_s, python=python)
+                           join_timeout_s=start_timeout_s, python=python,
+                           log_dir=workdir / "torchelastic")
+    pythonpath = os.pathsep.join(p for p in (ROOT, (env or {}).get("PYTHONPATH")
+                                             or os.environ.get("PYTHONPATH")) if p)
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                **(env or {}), ENV_WORKDIR: str(workdir), "PYTHONUNBUFFERED": "1"}
+                **(env or {}), ENV_WORKDIR: str(workdir), "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": pythonpath}
+    if nnodes == 1 and rdzv_endpoint is None:
+        # One host: nothing of the launch listens beyond loopback, neither the rendezvous store
+        # (guard.loopback_store) nor gloo's sockets (unless the caller chose an interface).
+        full_env[ENV_LOOPBACK_STORE] = "1"
+        full_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     log_path = workdir / "launcher.log"
     expected = set(range(nproc)) if nnodes == 1 else None
     start = time.monotonic()
+    hung, reason = False, ""
+    leftovers: list[int] = []
+    beats: dict[int, dict[str, Any]] = {}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True, stdin=subprocess.DEVNULL)
-        hung, reason = False, ""
-        last_total, last_progress = -1, start
-        while proc.poll() is None:
-            now = time.monotonic()
+        # torchrun in a session of its own, dying with this thread (procs.start); the ranks in
+        # sessions of theirs, dying with torchrun (the guard). On any way out of this block (a
+        # hang, SIGINT/SIGTERM raised as an exception, a bug) the whole tree is killed.
+        proc = procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                           stdin=subprocess.DEVNULL)
+        try:
+            last_total, last_progress = -1, start
+            while proc.poll() is None:
+                now = time.monotonic()
+                beats = _heartbeats(workdir)
+                total = sum(int(b["seq"]) for b in beats.values())
+                if total != last_total:
+                    last_total, last_progress = total, now
+                started = set(beats)
+                all_started = (expected is None and started) or (expected and expected <= started)
+                if now - start > timeout_s:
+                    hung, reason = True, f"did not finish within {timeout_s:g} s"
+                elif not all_started and now - start > start_timeout_s:
+                    hung, reason = True, f"not every rank started within {start_timeout_s:g} s"
+                elif all_started and stall_s and now - last_progress > stall_s:
+                    hung, reason = True, f"no progress for {stall_s:g} s"
+                if hung:
+                    break
+                time.sleep(0.1)
             beats = _heartbeats(workdir)
-            total = sum(int(b["seq"]) for b in beats.values())
-            if total != last_total:
-                last_total, last_progress = total, now
-            started = set(beats)
-            all_started = (expected is None and started) or (expected and expected <= started)
-            if now - start > timeout_s:
-                hung, reason = True, f"did not finish within {timeout_s:g} s"
-            elif not all_started and now - start > start_timeout_s:
-                hung, reason = True, f"not every rank started within {start_timeout_s:g} s"
-            elif all_started and stall_s and now - last_progress > stall_s:
-                hung, reason = True, f"no progress for {stall_s:g} s"
-            if hung:
-                break
-            time.sleep(0.1)
-        beats = _heartbeats(workdir)
-        leftovers: list[int] = []
-        if hung:
-            if on_hang is not None:
+            if hung and on_hang is not None:
                 on_hang(workdir)
-            leftovers = _kill_tree(proc, [int(b["pid"]) for b in beats.values()])
-    # Anything still marked with this launch's workdir (a rank that escaped the process group
-    # or outlived torchrun) is an orphan: kill it and say so.
-    orphans = procs.with_env(ENV_WORKDIR, str(workdir))
-    leftovers = sorted(set(leftovers) | set(procs.kill_all(orphans)))
+        finally:
+            # The ranks' own pids only while torchrun still runs: after a clean exit they may
+            # have been reused. Then anything still marked with this launch's workdir (a rank
+            # that escaped the group or outlived torchrun) is an orphan: killed, and said so.
+            ranks_pids = ([int(b["pid"]) for b in _heartbeats(workdir).values()]
+                          if proc.returncode is None else [])
+            leftovers = procs.kill_tree(proc, ranks_pids)
+            orphans = procs.with_env(ENV_WORKDIR, str(workdir))
+            leftovers = sorted(set(leftovers) | set(procs.kill_all(orphans)))
     duration = time.monotonic() - start
     log_text = log_path.read_text(errors="replace")
     ranks = _rank_states(workdir, beats, log_text, hung, nproc if nnodes == 1 else None)

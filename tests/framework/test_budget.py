@@ -137,11 +137,11 @@ def test_slurm_health_check_passes_its_budget_on(monkeypatch, tmp_path) -> None:
 
 def test_slurm_budget_reaches_the_report(tmp_path) -> None:
     """The real path: health-check's python -m checks run with the budget, kept as last.json."""
-    result = slurm.run_checks("quick", ["--budget", "20s", "--simulate", "h100-sxm-8x-healthy"], 120,
+    result = slurm.run_checks("quick", ["--budget", "60s", "--simulate", "h100-sxm-8x-healthy"], 120,
                               tmp_path)
     assert not result.failed, result.summary
     last = json.loads((tmp_path / "last.json").read_text())
-    assert last["options"]["budget"]["budget_s"] == 20
+    assert last["options"]["budget"]["budget_s"] == 60
     assert last["level"] == "quick"
 
 
@@ -154,3 +154,32 @@ def test_a_smaller_size_reaches_the_check(run_cli) -> None:
     assert {tuple(r["details"]["figures"]) for r in chk["results"]} == {("matmul_bf16_tflops",)}
     _code, full, _ = run_cli("--simulate", "h100-sxm-8x-healthy", "--only", "gpu-matmul", "--budget", "2m")
     assert len(full["checks"][0]["results"][0]["details"]["figures"]) == 4
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # One check would fit, and the run would have said PASS having looked at nothing else.
+    (["--budget", "1s"], "--budget 1 s is too small: the 40 quick-level checks (the node's "
+                         "health) need ~40 s here; give at least --budget 40s"),
+    (["--budget", "30s", "--level", "quick"], "need ~40 s here"),
+    (["--budget", "1s", "--only", "gpu-matmul"], "--budget 1 s holds none of the selected checks"),
+], ids=["health-checks-left-out", "quick-level", "nothing-fits"])
+def test_a_budget_too_small_for_the_health_checks_is_a_usage_error(argv, message, capsys,
+                                                                   tmp_path) -> None:
+    report = tmp_path / "report.json"
+    code = cli.main(["--simulate", "cpu-only-healthy", *argv, "--json", str(report), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert not report.exists()
+
+
+def test_the_health_checks_are_planned_before_anything_more_valuable() -> None:
+    entries = {"health": budget.Entry(3, budget.Cost(10, 10), "t"),
+               "workload": budget.Entry(9, budget.Cost(50, 50), "t")}
+    plan = budget.make(["health", "workload"], 55, gpus=0, duration_s=600, entries=entries,
+                       required=["health"])
+    assert [c.id for c in plan.chosen] == ["health"]  # by value alone, workload would fill it
+    assert [x["id"] for x in plan.left_out] == ["workload"]
+    with pytest.raises(budget.BudgetError, match="need ~10 s here; give at least --budget 10s"):
+        budget.make(["health", "workload"], 9, gpus=0, duration_s=600, entries=entries,
+                    required=["health"])

@@ -60,11 +60,17 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
     own_dir = workdir is None
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-collective-"))
     args = rank_args(sweep, backend=backend, pg_timeout_s=timeout_s, ops=ops)
-    outcome = launch.launch(RANK_MODULE, args, nproc=nproc, timeout_s=timeout_s, stall_s=stall_s,
-                            start_timeout_s=start_timeout_s,
-                            env={**(env or {}), "PYTHONPATH": _pythonpath()}, workdir=work,
-                            python=python, nnodes=nnodes, node_rank=node_rank,
-                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
+    try:
+        outcome = launch.launch(RANK_MODULE, args, nproc=nproc, timeout_s=timeout_s,
+                                stall_s=stall_s, start_timeout_s=start_timeout_s,
+                                env={**(env or {}), "PYTHONPATH": _pythonpath()}, workdir=work,
+                                python=python, nnodes=nnodes, node_rank=node_rank,
+                                rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                                local_addr=local_addr)
+    except BaseException:  # SIGINT/SIGTERM (procs.Terminated): the ranks are dead, no evidence
+        if own_dir:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     results = outcome.results
     # Rank 0, or on the other nodes of a multi-node launch their first local rank.
     rank0 = results.get(0) or (results[min(results)] if results else {})

@@ -17,10 +17,8 @@ By hand (prints the result):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.hw.base import HardwareError, NotSupported
+from checks.supervise import procs
 
 MODULE = "checks.hw.measure.isolate_child"  # the child side
 
@@ -51,28 +50,22 @@ def run_child(name: str, params: Mapping[str, Any], *, timeout_s: float,
     with tempfile.TemporaryDirectory(prefix="nodecert-measure-") as tmp:
         out = Path(tmp) / "result.json"
         env = {**os.environ, "PYTHONPATH": _pythonpath()}
-        proc = subprocess.Popen([python, "-m", MODULE, name, str(out)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, start_new_session=True)
+        # procs.run: a session of its own, killed with this process, and on the way out its
+        # whole group (DataLoader workers, any leftover of a finished child) is killed too.
         try:
-            log, _ = proc.communicate(json.dumps(dict(params)), timeout=timeout_s)
+            proc = procs.run([python, "-m", MODULE, name, str(out)], timeout_s=timeout_s,
+                             input=json.dumps(dict(params)), stderr=subprocess.STDOUT,
+                             text=True, env=env)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
             raise HardwareError(f"measurement {name!r} did not finish within {timeout_s:g} s; "
                                 f"its process group was killed") from None
-        _kill_group(proc)  # DataLoader workers or other leftovers of a finished child
         try:
             reply = json.loads(out.read_text())
         except (OSError, ValueError):
             raise HardwareError(f"measurement {name!r} died (exit status {proc.returncode}) "
-                                f"without a result: {_tail(log) or 'no output'}") from None
+                                f"without a result: {_tail(proc.stdout or '') or 'no output'}"
+                                ) from None
     if "error" in reply:
         kind = NotSupported if reply.get("kind") == "not_supported" else HardwareError
         raise kind(f"{reply['error']}")
     return reply["result"]
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()

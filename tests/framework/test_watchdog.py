@@ -1,0 +1,97 @@
+"""A check's timeout ends it, whatever it is stuck in: `python -m checks` runs the checks in a
+worker process (checks/node/watchdog.py) that is killed, with everything it started, when a
+check passes its timeout; the run goes on and the report is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks.hw.fixture import FixtureBackend, load_scenario
+from checks.model import Result, Status, passed
+from checks.node import registry, watchdog
+from checks.node.context import Context, Options
+from checks.profiles import load
+from checks.supervise import procs
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def env_with_root(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+@pytest.mark.timeout(120)
+def test_stuck_checks_end_as_timed_out_and_the_others_are_reported(tmp_path: Path) -> None:
+    pids = tmp_path / "helper-pids"
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "hang_checks.py"), "--simulate", "cpu-only-healthy",
+         "--only", "os-supported,spin-forever,regex-forever,tree-then-hang,shm-size",
+         "--json", str(report), "--quiet"],
+        env=env_with_root(HANG_CHECKS_PIDS=str(pids)), capture_output=True, text=True,
+        timeout=110, check=False)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(report.read_text())
+    by_id = {c["id"]: c for c in doc["checks"]}
+    assert set(by_id) == {"os-supported", "spin-forever", "regex-forever", "tree-then-hang",
+                          "shm-size"}
+    for stuck in ("spin-forever", "regex-forever", "tree-then-hang"):
+        (result,) = by_id[stuck]["results"]
+        assert by_id[stuck]["status"] == "ERROR"
+        assert result["message"].startswith("timed out: did not finish within 1 s"), result
+        assert result["fault_code"].endswith("-E")
+    for fine in ("os-supported", "shm-size"):
+        assert by_id[fine]["status"] in ("PASS", "WARN", "SKIP"), by_id[fine]
+    # The helper the hung check started, and the helper's own child, went with the worker.
+    helper_pids = [int(p) for p in pids.read_text().split()]
+    assert len(helper_pids) == 2
+    assert [p for p in helper_pids if procs.alive(p)] == []
+
+
+@pytest.fixture
+def ctx() -> Context:
+    return Context(FixtureBackend(load_scenario("cpu-only-healthy")), load("generic"), Options())
+
+
+def make(id: str, func, **kw) -> registry.Check:  # type: ignore[no-untyped-def]
+    return registry.Check(id=id, code="TST001", title=id, func=func, **kw)
+
+
+def test_a_check_that_kills_its_worker_is_error_and_the_run_goes_on(ctx: Context) -> None:
+    def die(_: Context) -> Result:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return passed("never")
+
+    seen: list[tuple[str, str | None]] = []
+    outcomes = watchdog.run(
+        [make("first", lambda _: passed("ok")), make("dies", die), make("after", lambda c: passed(
+            f"ran after {sorted(c.outcomes)}"))], ctx,
+        lambda chk, out: seen.append((chk.id, out and out.status.value)))
+    assert [o.status for o in outcomes] == [Status.PASS, Status.ERROR, Status.PASS]
+    assert "worker process running this check died (killed by SIGKILL)" in \
+        outcomes[1].results[0].message
+    # The next worker knows what ran before it (dependencies, blocked checks).
+    assert outcomes[2].results[0].message == "ran after ['dies', 'first']"
+    assert seen == [("first", None), ("first", "PASS"), ("dies", None), ("dies", "ERROR"),
+                    ("after", None), ("after", "PASS")]
+
+
+def test_blocked_and_failed_outcomes_cross_the_worker_boundary(ctx: Context) -> None:
+    from checks.model import fail
+
+    base = make("base", lambda _: fail("broken"))
+    dependent = make("dependent", lambda _: passed("ran"), needs=("base",))
+    outcomes = watchdog.run(registry.ordered([dependent, base]), ctx)
+    assert [(o.id, o.status) for o in outcomes] == [("base", Status.FAIL),
+                                                      ("dependent", Status.SKIP)]
+    assert outcomes[0].results[0].fault_code == "TST001"
+    assert ctx.outcomes["base"].status is Status.FAIL
