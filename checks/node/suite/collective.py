@@ -54,10 +54,10 @@ def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
     return rules.derived_link_threshold(
         nvlinks=min(plan.nvlinks_up(g) for g in gpus),
         link_gbs=(p.get("collective.nvlink_link_gbs") or {}).get(str(cc)),
-        nvlink_fraction=float(p.get("collective.nvlink_fraction", 0.7)),
+        nvlink_fraction=float(p.get("collective.nvlink_fraction")),
         pcie_gen=min((g for g in gens if g), default=None),
         pcie_width=min((w for w in widths if w), default=None),
-        pcie_fraction=float(p.get("collective.pcie_fraction", 0.3)))
+        pcie_fraction=float(p.get("collective.pcie_fraction")))
 
 
 def _describe_error(e: dict[str, Any]) -> str:
@@ -145,14 +145,15 @@ def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU under torchrun (NCCL), or N CPU processes with gloo: exact integer
     patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and
     the float8 all-gather (SKIP with the reason below compute capability 8.9), reduce-scatter and
-    all-gather again at FSDP size (collective.sweep fsdp_elems), then an nccl-tests sweep. FAIL on a hang or crash (names the ranks), any wrong element (names rank and op), or
-    peak all-reduce busbw below the profile threshold (thresholds.allreduce_busbw_gbs) or one
-    derived from NVLink count / PCIe generation. On CPU the bandwidth is information."""
+    all-gather again at FSDP size (collective.sweep fsdp_elems), then an nccl-tests sweep. FAIL on
+    a hang or crash (names the ranks), any wrong element (names rank and op), or peak all-reduce
+    busbw below the profile threshold (thresholds.allreduce_busbw_gbs) or one derived from NVLink
+    count / PCIe generation. On CPU the bandwidth is information."""
     plat = plan.platform(ctx)
     if plat.kind == "blocked":
         return skip(plan.BLOCKED)
     nproc = ctx.options.nproc or (plat.devices if plat.cuda
-                                  else int(ctx.profile.get("collective.nproc_cpu", 2)))
+                                  else int(ctx.profile.get("collective.nproc_cpu")))
     if nproc < 2:
         return skip("a single GPU has nobody to talk to" if plat.cuda
                     else "one rank has nobody to talk to (--nproc 2 or more)")
@@ -177,7 +178,7 @@ def nccl_allreduce(ctx: Context) -> Result:
                 "collectives", nproc=nproc, sweep=sweep, backend="nccl" if plat.cuda else "gloo",
                 timeout_s=float(plan.setting(ctx, "collective.timeout_s", plat, 300)),
                 stall_s=float(plan.setting(ctx, "collective.stall_s", plat, 60)),
-                start_timeout_s=float(ctx.profile.get("collective.start_timeout_s", 120)),
+                start_timeout_s=float(ctx.profile.get("collective.start_timeout_s")),
                 workdir=cap.workdir, **extra)
         except FileNotFoundError as exc:
             return error(f"could not launch torchrun: {exc}")

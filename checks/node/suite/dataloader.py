@@ -56,11 +56,11 @@ def dataloader_workers(ctx: Context) -> Result:
     survive between epochs."""
     p = ctx.profile
     m = ctx.hw.workload(
-        "dataloader_workers", methods=list(p.get("dataloader.start_methods", ["fork"])),
-        persistent=[bool(x) for x in p.get("dataloader.persistent_workers", [True, False])],
-        workers=int(p.get("dataloader.workers", 2)),
-        spawn_workers=int(p.get("dataloader.spawn_workers", 1)),
-        timeout_s=float(p.get("dataloader.timeout_s", 60)))
+        "dataloader_workers", methods=list(p.get("dataloader.start_methods")),
+        persistent=[bool(x) for x in p.get("dataloader.persistent_workers")],
+        workers=int(p.get("dataloader.workers")),
+        spawn_workers=int(p.get("dataloader.spawn_workers")),
+        timeout_s=float(p.get("dataloader.timeout_s")))
     return judge_workers(m)
 
 
@@ -71,10 +71,10 @@ def shm_plan(ctx: Context) -> dict[str, int]:
     except Exception:
         ranks = len(ctx.pci_gpus) or 1
     ranks = ctx.options.nproc or ranks or 1
-    batch_bytes = int(p.get("dataloader.batch_size", 32)) * int(
-        p.get("dataloader.sample_bytes", 602112))
-    workers = int(p.get("dataloader.workers_per_rank", 8))
-    prefetch = int(p.get("dataloader.prefetch_factor", 2))
+    batch_bytes = int(p.get("dataloader.batch_size")) * int(
+        p.get("dataloader.sample_bytes"))
+    workers = int(p.get("dataloader.workers_per_rank"))
+    prefetch = int(p.get("dataloader.prefetch_factor"))
     return {"ranks": ranks, "batch_bytes": batch_bytes, "workers": workers, "prefetch": prefetch,
             "needed_bytes": rules.shm_needed(batch_bytes=batch_bytes, workers=workers,
                                              prefetch=prefetch, ranks=ranks)}
@@ -111,7 +111,7 @@ def dataloader_shm(ctx: Context) -> Result:
     dataloader.shm_headroom."""
     shm = ctx.hw.shm()
     return judge_shm(shm.total_bytes, shm.free_bytes, shm_plan(ctx),
-                     float(ctx.profile.get("dataloader.shm_headroom", 1.5)))
+                     float(ctx.profile.get("dataloader.shm_headroom")))
 
 
 def scaling_counts(cpus: int, cap: int) -> list[int]:
@@ -174,16 +174,16 @@ def dataloader_scaling(ctx: Context) -> Result:
     On GPU hosts pin_memory=True batches must come back pinned."""
     p = ctx.profile
     cpus = ctx.hw.cpu_count()
-    counts = scaling_counts(cpus, int(p.get("dataloader.scaling_max_workers", 32)))
+    counts = scaling_counts(cpus, int(p.get("dataloader.scaling_max_workers")))
     plat = plan.platform(ctx)
     # Pinned batches are copied to the current GPU (the first one torch sees); a GPU where no
     # process may run (compute mode PROHIBITED) leaves the pin_memory part out, with the reason.
     banned = plan.compute_mode_gate(ctx, processes_per_gpu=1) if plat.cuda else None
     m = ctx.hw.workload("dataloader_scaling", worker_counts=counts,
-                        length=int(p.get("dataloader.scaling_length", 48)),
-                        rounds=int(p.get("dataloader.scaling_rounds", 200)),
+                        length=int(p.get("dataloader.scaling_length")),
+                        rounds=int(p.get("dataloader.scaling_rounds")),
                         pin_memory=plat.cuda and banned is None)
-    result = judge_scaling(m, float(p.get("dataloader.saturation_fraction", 0.9)), cpus)
+    result = judge_scaling(m, float(p.get("dataloader.saturation_fraction")), cpus)
     if banned:
         result.details["pin_memory_skipped"] = banned
         result.message += f" (pin_memory not tried: {banned})"
@@ -219,6 +219,6 @@ def dataloader_worker_death(ctx: Context) -> Result:
     dataloader.worker_deadline_s; a hang or a silently short epoch FAILs."""
     p = ctx.profile
     m = ctx.hw.workload("dataloader_worker_death",
-                        timeout_s=float(p.get("dataloader.worker_timeout_s", 2)),
-                        deadline_s=float(p.get("dataloader.worker_deadline_s", 30)))
+                        timeout_s=float(p.get("dataloader.worker_timeout_s")),
+                        deadline_s=float(p.get("dataloader.worker_deadline_s")))
     return judge_worker_death(m)

@@ -541,7 +541,7 @@ def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
     except HardwareError:
         gpus = []
     nvlink = any(plan.nvlinks_up(g) for g in gpus)
-    cc_min = str(ctx.profile.get("nccl.nvls_min_compute_capability", "9.0"))
+    cc_min = str(ctx.profile.get("nccl.nvls_min_compute_capability"))
     cc = None
     for g in gpus[:1]:
         try:

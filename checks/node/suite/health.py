@@ -20,7 +20,7 @@ REMEDY_RMA = "drain the node and open an RMA for this GPU (quote serial and the 
 def persistence_mode(ctx: Context) -> Iterator[Result]:
     """Without persistence the driver tears down and re-initialises GPUs between jobs (slow
     starts, lost state). Profile: persistence.required."""
-    required = bool(ctx.profile.get("persistence.required", True))
+    required = bool(ctx.profile.get("persistence.required"))
 
     def measure(gpu: Gpu) -> Result:
         on = gpu.handle.query("persistence_mode")
@@ -44,7 +44,7 @@ def ecc_errors(ctx: Context) -> Iterator[Result]:
     def measure(gpu: Gpu) -> Result:
         q = gpu.handle.query
         if not q("ecc_mode"):
-            if p.get("ecc.required", True):
+            if p.get("ecc.required"):
                 return warn("ECC is disabled", value=False, expected="enabled",
                             remedy="nvidia-smi -e 1 and reboot (datacenter GPUs train with ECC on)")
             return passed("ECC disabled (not required by the profile)", value=False)
@@ -484,7 +484,7 @@ def compute_mode(ctx: Context) -> Iterator[Result]:
 @check("mig-mode", code="GPU012", title="MIG mode as expected", needs=DRIVER)
 def mig_mode(ctx: Context) -> Iterator[Result]:
     """Training nodes normally run with MIG off (profile mig.expected)."""
-    expected = bool(ctx.profile.get("mig.expected", False))
+    expected = bool(ctx.profile.get("mig.expected"))
 
     def measure(gpu: Gpu) -> Result:
         enabled = bool(gpu.handle.query("mig_mode"))

@@ -117,7 +117,7 @@ def pair_thresholds(ctx: Context, lay: Layout, classes: dict[Pair, str]
                      else max(a.links_to(b), b.links_to(a)))
             out[(i, j)] = rules.derived_link_threshold(
                 nvlinks=links, link_gbs=link_gbs,
-                nvlink_fraction=float(p.get("p2p.nvlink_fraction", 0.6)),
+                nvlink_fraction=float(p.get("p2p.nvlink_fraction")),
                 pcie_gen=None, pcie_width=None, pcie_fraction=0.0)
         elif cls in (topology.SWITCH, topology.SOCKET, topology.UNKNOWN) and ga and gb:
             gens = [g for g in (plan.query_int(ga, "pcie_gen_max"),
@@ -127,7 +127,7 @@ def pair_thresholds(ctx: Context, lay: Layout, classes: dict[Pair, str]
             out[(i, j)] = rules.derived_link_threshold(
                 nvlinks=0, link_gbs=None, nvlink_fraction=0.0,
                 pcie_gen=min(gens, default=None), pcie_width=min(widths, default=None),
-                pcie_fraction=float(p.get("p2p.pcie_fraction", 0.5)))
+                pcie_fraction=float(p.get("p2p.pcie_fraction")))
         else:
             out[(i, j)] = None
     return out
@@ -235,7 +235,7 @@ def p2p_bandwidth(ctx: Context) -> Iterator[Result]:
     if gate:
         yield skip(gate)
         return
-    m = ctx.hw.workload("p2p", nbytes=int(ctx.profile.get("p2p.bytes", 256 << 20)))
+    m = ctx.hw.workload("p2p", nbytes=int(ctx.profile.get("p2p.bytes")))
     p = ctx.profile
     lay = layout(ctx, m)
     classes = lay.classes()

@@ -47,9 +47,9 @@ def rdma_write_bw(ctx: Context) -> list[Result]:
     if tool is None:
         return [skip("perftest is not installed (no ib_write_bw): RDMA bandwidth not measured; "
                      "the rdma role installs it")]
-    fraction = float(ctx.profile.get("rdma.write_bw_min_fraction", 0.9))
-    duration = int(ctx.profile.get("rdma.write_bw_duration_s", 5))
-    size = int(ctx.profile.get("rdma.write_bw_message_bytes", 8 << 20))
+    fraction = float(ctx.profile.get("rdma.write_bw_min_fraction"))
+    duration = int(ctx.profile.get("rdma.write_bw_duration_s"))
+    size = int(ctx.profile.get("rdma.write_bw_message_bytes"))
     nics = {n.name: n for n in compute_nics(ctx, devices)}
     pairs: list[tuple[int | None, str, str | None]] = []  # (CUDA ordinal, NIC, GPU label)
     results: list[Result] = []
