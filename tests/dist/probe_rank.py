@@ -6,8 +6,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from checks.supervise.rank import Rank
-from checks.supervise.rank import run_rank
+from checks.supervise.rank import Rank, run_rank
 
 
 def body(rank: Rank) -> dict:

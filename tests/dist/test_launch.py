@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.supervise import launch
-from checks.supervise import procs
+from checks.supervise import launch, procs
 from checks.supervise.rank import ENV_WORKDIR
 
 pytestmark = pytest.mark.slow
