@@ -1,8 +1,8 @@
 """Prometheus textfile-collector output (`.prom`) for node_exporter.
 
 One file per host (or one for several hosts, every series labelled with `host`), written with
-prometheus_client's write_to_textfile: to a temporary name in the same directory (not ending in
-.prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
+checks.safeio: to a private temporary in the same directory (not ending in .prom, so the
+collector skips it), then renamed over the old file, so node_exporter reads the old
 file or the new one, never half of one. Metric names follow Prometheus conventions: base units
 (bytes, seconds, flops) and the unit as a suffix; figures are converted from the unit their name
 ends in. Every metric, label, alert rule and dashboard panel is described in docs/prometheus.md;
@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from checks import safeio
 from checks.model import Status
 
 if TYPE_CHECKING:
@@ -242,18 +243,16 @@ def _fleet_timestamp(fleet: Fleet) -> float:
 
 def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None) -> Path:
     """Write the reports' metrics (and the fleet's, if given) to `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(reports, fleet))
-    write_to_textfile(str(path), registry)
-    return path
+    # 0644: node_exporter reads the textfile directory as its own, unprivileged user.
+    return safeio.write_bytes(path, generate_latest(registry), mode=0o644)
 
 
 def write_fleet(fleet: Fleet, directory: str | Path) -> list[Path]:
     """<directory>/nodecert-<host>.prom for each host with a report, and nodecert-fleet.prom with
     the fleet metrics (one node_exporter on the control machine can serve the whole directory)."""
     directory = Path(directory)
-    paths = [write([r], directory / f"nodecert-{r['host']}.prom") for r in fleet.reports]
+    paths = [write([r], safeio.confined(directory, f"nodecert-{r['host']}.prom")) for r in fleet.reports]
     paths.append(write([], directory / "nodecert-fleet.prom", fleet))
     return paths
