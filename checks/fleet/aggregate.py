@@ -212,8 +212,10 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
                 else:
                     curves.append(published)
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
+    figures, broken = strag.split_finite(figures)  # a NaN figure is a finding, never dropped
     groups = strag.group(figures, profile_of.__getitem__)
     stats, stragglers = strag.find(groups, straggler_pct)
+    stragglers = strag.not_finite(broken, stats, profile_of.__getitem__, straggler_pct) + stragglers
     _fold(hosts, ((s.host, s.status) for s in stragglers))
     digest_analysis = digests_.analyse(hosts)
     _fold(hosts, ((odd.host, odd.status) for odd in digest_analysis.odd))

@@ -193,7 +193,7 @@ def burn_in(ctx: Context) -> Iterator[Result]:
             details["figures"]["burnin_sm_clock_mhz"] = median_mhz
             details["sm_clock_max_mhz"] = max_mhz
         tflops = float(d["tflops"])
-        if floor is not None and tflops < floor.value:
+        if floor is not None and rules.below(tflops, floor.value):
             failures.append(f"throughput {tflops:.0f} TFLOP/s below {floor.value:.0f} "
                             f"({floor.source})")
         if index in slow:
