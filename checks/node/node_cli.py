@@ -280,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # an output that cannot be written: full or read-only disk, ...
+        print(f"error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)
         return 130

@@ -21,10 +21,8 @@ import functools
 import json
 import os
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from checks import __version__, cliutil
+from checks import __version__, cliutil, safeio
 from checks import report_schema as report
 from checks.hw.base import (
     GPU_FIELDS,
@@ -542,22 +540,13 @@ def check_target(path: Path, force: bool) -> None:
 
 
 def write(path: Path, text: str) -> Path | None:
-    """Atomic: a temporary file in the same directory, renamed over `path`. An existing file is
-    copied to PATH.bak first. Returns the backup path, if any."""
+    """Atomic and private (checks/safeio.py): a temporary file in the same directory, renamed
+    over `path`, mode 0600. An existing file is kept as PATH.bak first (written the same way, so
+    a pre-created PATH.bak symlink is replaced, never followed). Returns the backup path, if any."""
     backup = None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():
-            backup = path.with_name(path.name + ".bak")
-            shutil.copy2(path, backup)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if path.exists():
+        backup = safeio.write_bytes(path.with_name(path.name + ".bak"), path.read_bytes())
+    safeio.write_text(path, text)
     return backup
 
 

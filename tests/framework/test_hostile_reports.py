@@ -23,8 +23,8 @@ from checks.fleet.synthetic import Broken
 def reports() -> list[dict[str, Any]]:
     """node0000 PASS, node0001 FAIL (uncorrectable ECC), node0002 PASS."""
     base = synthetic.base_report("h100-sxm-8x-healthy")
-    return synthetic.build(3, base=base, run_id="r1",
-                           broken=[Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")])
+    ecc = Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")
+    return synthetic.build(3, base=base, run_id="r1", broken=[ecc])
 
 
 def _write(directory: Path, docs: list[dict[str, Any]]) -> Path:
@@ -127,7 +127,8 @@ def test_the_fleet_survives_every_bad_report_in_every_output(tmp_path, reports, 
     docs = copy.deepcopy(reports)
     # Readable, but hostile to renderers: rich markup, terminal escapes, XML-invalid characters.
     docs[0]["checks"][0]["results"][0].update(
-        status="WARN", fault_code="TEST001", message="[/dev/nvidia4] missing [bold]x\x1b]0;pwned\x07 \x00\x0b")
+        status="WARN", fault_code="TEST001",
+        message="[/dev/nvidia4] missing [bold]x\x1b]0;pwned\x07 \x00\x0b")
     synthetic.refresh(docs[0])
     docs[2]["environment"]["NCCL_DEBUG"] = "INFO\x01\x1b[31m"
     expect = _hostile_dir(tmp_path / "run", docs)
