@@ -43,14 +43,15 @@ from checks.hw.base import (
     PciDevice,
 )
 from checks.hw.fixture import NVML_KINDS, FixtureBackend, ScenarioError, _expand_nvlink
-from checks.node.redact import REDACTED_HOST, Redactor
+from checks.node.redact import REDACTED_HOST, Redactor, mask_cmdline_secrets
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
 SUFFIXES = (".yaml", ".yml", ".json")
 SERVICES = ("nvidia-fabricmanager", "nvidia-persistenced", "nvidia-imex", "nvlsm")
-# The report's environment list (NCCL_, CUDA_, NVIDIA_, OMP_NUM_THREADS, ...) plus the variables
-# Slurm sets for a job's GPUs, so a simulated run sees the same environment the checks saw.
-ENV_PREFIXES = (*report.RECORDED_ENV_PREFIXES, "GPU_DEVICE_ORDINAL")
+# The report's environment allow-list (checks/schema/recorded-env.yaml) plus the variables Slurm
+# sets for a job's GPUs, so a simulated run sees the same environment the checks saw; values of
+# secret-looking names are masked, as in the report.
+ENV_NAMES = frozenset({"GPU_DEVICE_ORDINAL"})
 SLURM_GPU_RE = re.compile(r"SLURM_\w*GPU")
 # Kernel-log lines any check or a reader of the recording cares about. Journal notices ("-- No
 # entries --") are kept too: they say the log could not really be read.
@@ -263,7 +264,7 @@ class Recorder:
         lines = self.fact("kernel_log", self.hw.kernel_log, errors_ok=True)
         if not isinstance(lines, list):
             return lines
-        kept = [str(line) for line in lines if KERNEL_LOG_RE.search(str(line))]
+        kept = [mask_cmdline_secrets(str(line)) for line in lines if KERNEL_LOG_RE.search(str(line))]
         if len(kept) > KERNEL_LOG_MAX:
             self.notes.append(f"kernel log: kept the latest {KERNEL_LOG_MAX} of {len(kept)} "
                               f"matching lines ({len(lines)} lines in all)")
@@ -438,8 +439,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def environment(environ: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in sorted(dict(environ).items())
-            if str(k).startswith(ENV_PREFIXES) or SLURM_GPU_RE.match(str(k))}
+    return {str(k): report.env_value(str(k), str(v)) for k, v in sorted(dict(environ).items())
+            if report.env_recorded(str(k)) or str(k) in ENV_NAMES or SLURM_GPU_RE.match(str(k))}
 
 
 def _factor_defaults(gpus: list[dict[str, Any]]) -> dict[str, Any]:
