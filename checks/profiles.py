@@ -7,6 +7,7 @@ else by the NVIDIA GPUs' PCI device IDs (readable with no driver), else by NVML'
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from checks import safeyaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 GENERIC = "generic"
@@ -64,18 +67,36 @@ def available() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+def _not_finite(node: Any, where: str = "") -> str | None:
+    """The dotted key of the first number that is NaN or infinite (`.nan` in YAML): a threshold
+    every comparison with is false can never fail."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where or "(top level)"
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _not_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
 def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(available())}")
     path = PROFILE_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ProfileError(f"unknown profile {name!r}; available: {', '.join(available())}")
     if name in _seen:
         raise ProfileError(f"profile {name}: 'extends' loops")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+        data = safeyaml.load(path.read_text())
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must be a mapping")
+    bad = _not_finite(data)
+    if bad:
+        raise ProfileError(f"{path}: {bad}: not a finite number")
     parent = data.pop("extends", None)
     if parent:
         data = _merge(load(parent, (*_seen, name)).data, data)
