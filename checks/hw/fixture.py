@@ -104,7 +104,7 @@ def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, 
         raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     unknown = set(data) - TOP_KEYS
     if unknown:
-        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown, key=str)}; allowed: {sorted(TOP_KEYS)}")
     parent = data.get("extends")
     if parent is not None:
         if not isinstance(parent, str):
@@ -145,7 +145,7 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
             raise ScenarioError(f"{path}: '{section}' must be a mapping")
         bad = set(value) - allowed
         if bad:
-            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad)} in '{section}'")
+            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad, key=str)} in '{section}'")
 
     check_keys("host", data.get("host"), HOST_KEYS)
     check_keys("driver", data.get("driver"), DRIVER_KEYS)
@@ -173,9 +173,11 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
     _validate_types(path, data)
     for key in ("cpu_count", "shm_bytes"):
-        value = (data.get("host") or {}).get(key)
+        host = data.get("host") or {}
+        value = host.get(key)
         failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
-        if value is not None and not failed and (not isinstance(value, int) or value < 0):
+        if (key in host or value is not None) and not failed and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
 
 

@@ -561,8 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
                "docs/recording.md.")
     p.add_argument("file", metavar="FILE", help="scenario to write (.yaml, .yml or .json)")
     p.add_argument("--redact", action="store_true",
-                   help="replace GPU serials, GPU/MIG/fabric UUIDs and the hostname with stable "
-                        "placeholders; nothing else changes")
+                   help="replace GPU serials, every UUID, the hostname, IP and MAC addresses and "
+                        "IMEX peers with stable placeholders, and drop the kernel command line "
+                        "but its GPU-relevant parameters (docs/recording.md)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing FILE (the old one is kept as FILE.bak)")
     p.add_argument("--simulate", metavar="FILE|NAME",
