@@ -32,7 +32,10 @@ ifeq ($(INVENTORY),)
 verify: $(RUN_DEPS)
 	$(PY) -m checks --level $(LEVEL) $(ARGS)
 else
-verify: $(DEV_DEPS)
+# A missing, unparsable or empty inventory (or a host name that is not one node name) is a usage
+# error: ansible-playbook would skip every play and pass.
+verify: inventory-exists $(DEV_DEPS)
+	@$(PY) -m checks.fleet.ansible_inventory "$(INVENTORY)" gpu_nodes
 	$(VENV)/bin/ansible-playbook -i "$(INVENTORY)" playbooks/verify.yml -e verify_level=$(LEVEL) $(ARGS)
 endif
 

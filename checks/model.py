@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -120,3 +121,27 @@ class CheckOutcome:
             "duration_s": round(self.duration_s, 4),
             "results": [r.to_dict() for r in self.results],
         }
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def finite_or_error(result: Result) -> Result:
+    """A PASS or WARN whose value, or one of whose published figures, is NaN or infinite is an
+    ERROR: the measurement broke, and a NaN compares false with every threshold, so a check that
+    compares with `<` would have passed it. "Could not measure" is never PASS."""
+    if result.status not in (Status.PASS, Status.WARN):
+        return result
+    figures = result.details.get("figures") if isinstance(result.details, dict) else None
+    named = [("value", result.value)] if _not_finite(result.value) else []
+    if isinstance(figures, dict):
+        named += [(str(k), v) for k, v in figures.items() if _not_finite(v)]
+    if not named:
+        return result
+    what = ", ".join(f"{k} {v}" for k, v in named)
+    return Result(Status.ERROR, f"{result.message}: but {what} is not a finite number (the "
+                  "measurement broke)", value=result.value, unit=result.unit,
+                  expected=result.expected, device=result.device, details=result.details,
+                  remedy=result.remedy or "rerun the check; a NaN or infinite figure means the "
+                                          "measurement itself failed (GPU fault, driver error)")

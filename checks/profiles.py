@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -95,7 +96,22 @@ def validate(data: dict[str, Any], where: str) -> None:
     raise ProfileError(f"{where}: {key or 'top level'}: {' '.join(error.message.split())[:200]}")
 
 
+def _not_finite(node: Any, where: str = "") -> str | None:
+    """The dotted key of the first number that is NaN or infinite (`.nan` in YAML): a threshold
+    every comparison with is false can never fail."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where or "(top level)"
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _not_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
 def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+        raise ProfileError(f"unknown profile {name!r}; available: {', '.join(available())}")
     path = PROFILE_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ProfileError(f"unknown profile {name!r}; available: {', '.join(available())}")
@@ -104,7 +120,7 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
     try:
         stat = path.stat()
         data = copy.deepcopy(_parse(path, stat.st_mtime_ns, stat.st_size, name))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     parent = data.pop("extends", None)
     if parent:
@@ -116,9 +132,14 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
 @functools.lru_cache(maxsize=256)
 def _parse(path: Any, _mtime_ns: int, _size: int, name: str) -> Any:
     """One profile file parsed and validated once per process (and again when it changes)."""
-    data = yaml.load(path.read_text(), Loader=_LOADER)  # a safe loader (C or Python)
+    # The profiles ship with the package (not user input, unlike scenarios, which go through
+    # checks/safeyaml.py): libyaml's safe loader, the schema and a finite-number check.
+    data = yaml.load(path.read_text(), Loader=_LOADER)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must be a mapping")
+    bad = _not_finite(data)
+    if bad:
+        raise ProfileError(f"{path}: {bad}: not a finite number")
     validate(data, f"checks/profiles/{name}.yaml")
     return data
 

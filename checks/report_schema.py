@@ -3,25 +3,58 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
+import re
 import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from checks import __version__, resources
+from checks import __version__, resources, safeio
 from checks.model import CheckOutcome, Status
 
 SCHEMA_PATH = resources.data("schema", "report.schema.json")
 SCHEMA_VERSION = "1.0"
-# Environment variables that change NCCL/gloo/torch behaviour are recorded with the results.
-RECORDED_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_NUM_THREADS", "NVIDIA_")
+ENV_ALLOWLIST_PATH = Path(__file__).resolve().parent / "schema" / "recorded-env.yaml"
+MASKED = "<masked>"
+# A name that looks like it holds a secret: its value is never written, whatever the allow-list.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|PRIVATE|COOKIE|"
+                         r"SESSION|SIGNATURE|CERT|(?:^|_)PASS(?:_|$)|(?:^|_)PWD(?:_|$)", re.IGNORECASE)
+# A value that carries a secret whatever its name: URL credentials (scheme://user:pass@host) and
+# NVIDIA API keys (nvapi-...).
+SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:[^/@\s]*@|\bnvapi-", re.IGNORECASE)
+
+
+@functools.cache
+def env_allowlist() -> tuple[tuple[str, ...], frozenset[str]]:
+    """(prefixes, names) of checks/schema/recorded-env.yaml."""
+    import yaml
+
+    entries = yaml.safe_load(ENV_ALLOWLIST_PATH.read_text())
+    prefixes = tuple(e["prefix"] for e in entries if "prefix" in e)
+    names = frozenset(e["name"] for e in entries if "name" in e)
+    return prefixes, names
+
+
+def env_recorded(name: str) -> bool:
+    prefixes, names = env_allowlist()
+    return name in names or name.startswith(prefixes)
+
+
+def env_value(name: str, value: str) -> str:
+    """The value as written into a report: masked when the name or the value looks like a
+    secret; bytes the environment could not decode (lone surrogates) as \\xNN."""
+    if SECRET_NAME.search(name) or SECRET_VALUE.search(value):
+        return MASKED
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def recorded_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed variables of `environ` (default: this process's), secrets masked."""
     environ = dict(os.environ if environ is None else environ)
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+    return {k: env_value(k, str(v)) for k, v in sorted(environ.items()) if env_recorded(k)}
 
 
 def build(outcomes: list[CheckOutcome], *, meta: dict[str, Any]) -> dict[str, Any]:
@@ -50,12 +83,48 @@ def build(outcomes: list[CheckOutcome], *, meta: dict[str, Any]) -> dict[str, An
 
 
 def write(report: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    """Write the report (mode 0600: it names the host, its GPUs and its environment)."""
+    return safeio.write_text(path, json.dumps(report, indent=2, default=str) + "\n")
+
+
+# A host is one node name: what Slurm, Ansible and a file name can all take as exactly one host.
+# Letters, digits, '-', '.', '_' (hostname labels; '_' appears in inventories), starting with a
+# letter, digit or '_', at most 253 characters. No brackets or commas (a Slurm node *list*), no
+# '/' or '..' (a path), no spaces or control characters, not a name the fleet writes itself.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+RESERVED_HOST_NAMES = frozenset({"fleet", "meta", "crosshost", "history", "all", "none"})
+
+
+def host_problem(name: object) -> str | None:
+    """Why `name` is not one valid node name, or None when it is."""
+    if not isinstance(name, str):
+        return f"host {name!r} is not a string"
+    if not HOST_NAME.fullmatch(name) or ".." in name or name.endswith("."):
+        return (f"host {name!r} is not a node name (letters, digits, '-', '.', '_'; no "
+                "brackets, commas, spaces, '/', '..' or control characters)")
+    if name.lower() in RESERVED_HOST_NAMES:
+        return f"host {name!r} is a reserved name"
+    return None
+
+
+def consistency_problem(report: dict[str, Any]) -> str | None:
+    """A schema-valid report whose check statuses, summary, verdict or exit code do not follow
+    from its results: the verdict is recomputed, never taken on the report's word."""
+    counts: Counter[str] = Counter()
+    for chk in report["checks"]:
+        worst = max((Status(r["status"]) for r in chk["results"]), key=lambda s: s.severity)
+        if chk["status"] != worst:
+            return f"check {chk['id']} says {chk['status']} but its results say {worst}"
+        counts[worst] += 1
+    summary = {s.value: counts.get(s.value, 0) for s in Status}
+    if {k: report["summary"].get(k) for k in summary} != summary:
+        return f"summary {report['summary']} does not match its checks {summary}"
+    verdict = "FAIL" if counts[Status.FAIL] or counts[Status.ERROR] else "PASS"
+    if report["verdict"] != verdict:
+        return f"verdict {report['verdict']} does not follow from its checks ({verdict})"
+    if report["exit_code"] != (1 if verdict == "FAIL" else 0):
+        return f"exit_code {report['exit_code']} does not match its verdict {verdict}"
+    return None
 
 
 def schema() -> dict[str, Any]:

@@ -43,15 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the same k steps on one device.",
         epilog="Exit status: 0 PASS, 1 FAIL/ERROR, 2 usage, 77 all skipped. Docs: docs/trainer.md")
     p.add_argument("jobs", nargs="+", metavar="JOB", help=f"{', '.join(ORDER)} or all")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--steps", type=cliutil.number(int, minimum=1), default=d.steps,
+                   help=f"training steps (default {d.steps})")
+    p.add_argument("--batch-size", type=cliutil.number(int, minimum=1), default=d.batch_size,
                    help=f"samples per rank or per micro-batch (default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--hidden", type=int, default=d.hidden, help="MLP width")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr", type=cliutil.number(float, above=0), default=d.lr)
+    p.add_argument("--hidden", type=cliutil.number(int, minimum=1), default=d.hidden, help="MLP width")
+    p.add_argument("--seed", type=cliutil.number(int, minimum=0), default=d.seed)
     p.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype)
-    p.add_argument("--rtol", type=float, help="relative tolerance (default per dtype)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (default per dtype)")
+    p.add_argument("--rtol", type=cliutil.number(float, minimum=0),
+                   help="relative tolerance (default per dtype)")
+    p.add_argument("--atol", type=cliutil.number(float, minimum=0),
+                   help="absolute tolerance (default per dtype)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
     p.add_argument("--size", choices=("auto", "small", "large"), default=d.size,
                    help="small: the calibrated test size (default on CPU); large: sized from the "
@@ -61,21 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="negative control that must FAIL: " +
                         "; ".join(f"{k} ({v})" for k, v in CONTROLS.items()))
     sup = p.add_argument_group("supervised launch (ignored under torchrun)")
-    sup.add_argument("--nproc", type=int,
+    sup.add_argument("--nproc", type=cliutil.number(int, minimum=1),
                      help="ranks per node (default: one per GPU; 2 sharing a single GPU; 4 on CPU)")
     sup.add_argument("--share-gpu", action="store_true",
                      help="allow more ranks than GPUs: ranks share GPUs over gloo (no send/recv: "
                           "pipeline and hybrid SKIP)")
-    sup.add_argument("--timeout", type=float, default=600.0, help="hard limit, seconds")
-    sup.add_argument("--stall", type=float, default=60.0,
+    sup.add_argument("--timeout", type=cliutil.number(float, above=0), default=600.0,
+                     help="hard limit, seconds")
+    sup.add_argument("--stall", type=cliutil.number(float, above=0), default=60.0,
                      help="no heartbeat from any rank for this long = hung (seconds)")
-    sup.add_argument("--nnodes", type=int, default=1)
-    sup.add_argument("--node-rank", type=int)
+    sup.add_argument("--nnodes", type=cliutil.number(int, minimum=1), default=1)
+    sup.add_argument("--node-rank", type=cliutil.number(int, minimum=0))
     sup.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
     sup.add_argument("--rdzv-id", default="nodecert-train")
     sup.add_argument("--json", metavar="FILE", help="write the reports as JSON ('-' for stdout)")
     p.add_argument("--config-json", help=argparse.SUPPRESS)
-    p.add_argument("--pg-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
+    p.add_argument("--pg-timeout", type=cliutil.number(float, above=0), default=120.0, help=argparse.SUPPRESS)
     return p
 
 

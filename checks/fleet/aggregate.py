@@ -292,8 +292,10 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
                 else:
                     curves.append(published)
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
+    figures, broken = strag.split_finite(figures)  # a NaN figure is a finding, never dropped
     groups = strag.group(figures, profile_of.__getitem__)
     stats, stragglers = strag.find(groups, straggler_pct)
+    stragglers = strag.not_finite(broken, stats, profile_of.__getitem__, straggler_pct) + stragglers
     _add_findings(hosts, "straggler", [(s.host, _straggler_finding(s)) for s in stragglers])
     digest_analysis = digests_.analyse(hosts)
     _add_findings(hosts, "digest", [(odd.host, _digest_finding(odd)) for odd in digest_analysis.odd])

@@ -63,8 +63,12 @@ class Curve:
     points: tuple[dict[str, float], ...]
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    return _is_real(value) and value == value
 
 
 def extract(host: str, report: dict[str, Any]) -> Iterator[Figure | Curve]:
@@ -77,8 +81,10 @@ def extract(host: str, report: dict[str, Any]) -> Iterator[Figure | Curve]:
                 continue
             gpu = GpuRef.from_device(result.get("device"))
             if isinstance(figures, dict):
+                # NaN and infinities are kept: a figure that is not a number is a finding
+                # (stragglers.not_finite), never silently left out of the statistics.
                 for name, value in figures.items():
-                    if _is_number(value):
+                    if _is_real(value):
                         yield Figure(host, chk["id"], str(name), float(value), gpu)
             if isinstance(curve, list):
                 points = tuple({k: float(v) for k, v in p.items() if _is_number(v)}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from checks import cliutil
-from checks.fleet import aggregate, drift, history
+from checks import cliutil, report_schema, safeio
+from checks.fleet import aggregate, drift, history, load
 from checks.fleet import ansible_inventory as inventory
 from checks.fleet import crosshost_plan as crosshost
 from checks.fleet import fleet_junit as junit
@@ -88,21 +88,37 @@ def _host_errors(path: str | None) -> dict[str, str]:
     if not path:
         return {}
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(load.read_regular(Path(path)))
+    except RecursionError:
+        raise UsageError(f"--host-errors {path}: nested too deep") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--host-errors {path}: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise UsageError(f"--host-errors {path}: expected a JSON object of host → reason strings")
+    _check_names(data, f"--host-errors {path}")
     return data
+
+
+def _check_names(names: Sequence[str] | dict[str, str], where: str) -> None:
+    """Host names from the operator must be node names too: each becomes a file name and a Slurm
+    node name."""
+    for name in names:
+        problem = report_schema.host_problem(name)
+        if problem:
+            raise UsageError(f"{where}: {problem}")
 
 
 def _expected(args: argparse.Namespace) -> list[str] | None:
     if args.inventory:
         try:
-            return inventory.hosts(args.inventory)
+            names = inventory.hosts(args.inventory)
         except inventory.InventoryError as exc:
             raise UsageError(str(exc)) from None
-    return _names(args.expect_hosts) or None
+        _check_names(names, f"inventory {args.inventory}")
+        return names
+    names = _names(args.expect_hosts)
+    _check_names(names, "--expect-hosts")
+    return names or None
 
 
 def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
@@ -183,10 +199,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
             fleet = _with_history(fleet, store, found, directory, expected, errors, args)
     outputs = []
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(fleet.to_dict(), indent=2) + "\n")
-        outputs.append(path)
+        outputs.append(safeio.write_text(args.json, json.dumps(fleet.to_dict(), indent=2) + "\n"))
     if args.html:
         from checks.render import html
 
@@ -217,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True, emoji=False, highlight=False)
     try:
         return report(args, console, err)
-    except (UsageError, ImportError) as exc:
+    except (UsageError, ImportError, safeio.UnsafePath) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return EXIT_USAGE
     except OSError as exc:

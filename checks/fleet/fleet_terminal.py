@@ -9,13 +9,19 @@ from rich.text import Text
 from checks.fleet.aggregate import Fleet
 from checks.fleet.fabric_summary import summarise
 from checks.render.terminal import STYLE as CHECK_STYLE
+from checks.render.terminal import plain
 
 STYLE = {**CHECK_STYLE, "MISSING": "bold red"}
 LISTED = 6  # hosts named per check before "+N more"
 
 
 def _status(status: str) -> Text:
-    return Text(status, style=STYLE.get(status, ""))
+    return plain(status, STYLE.get(status, ""))
+
+
+def _row(table: Table, *cells: str | Text) -> None:
+    """A row of text from reports: never read as rich markup or control sequences."""
+    table.add_row(*(c if isinstance(c, Text) else plain(c) for c in cells))
 
 
 def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
@@ -27,8 +33,8 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for h in hosts:
             found = [" ".join(filter(None, (f.kind, f.gpu.label() if f.gpu else None, f.figure)))
                      for f in h.findings]
-            table.add_row(h.host, _status(h.status), h.profile or "", ", ".join([*h.problems, *found]),
-                          h.reason or "")
+            _row(table, h.host, _status(h.status), h.profile or "", ", ".join([*h.problems, *found]),
+                 h.reason or "")
         console.print(table)
 
     if fleet.by_check:
@@ -40,7 +46,7 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
                      for o in spread.occurrences[:LISTED]]
             if len(spread.occurrences) > LISTED:
                 where.append(f"+{len(spread.occurrences) - LISTED} more")
-            table.add_row(spread.check, _status(spread.status), str(len(spread.occurrences)),
+            _row(table, spread.check, _status(spread.status), str(len(spread.occurrences)),
                           "\n".join(where))
         console.print(table)
 
@@ -49,7 +55,7 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for col in ("host", "GPU", "figure", "value", "median", "off by", "status"):
             table.add_column(col, justify="right" if col in ("value", "median", "off by") else "left")
         for s in fleet.stragglers:
-            table.add_row(s.host, s.gpu.label() if s.gpu else "host", f"{s.check}/{s.name}",
+            _row(table, s.host, s.gpu.label() if s.gpu else "host", f"{s.check}/{s.name}",
                           f"{s.value:.4g}", f"{s.median:.4g}",
                           f"{s.deficit_pct:.1f} % (>{s.threshold_pct:g})" if s.status == "FAIL"
                           else f"{s.deficit_pct:.1f} %", _status(s.status))
@@ -60,7 +66,7 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for col in ("host", "GPU", "figure", "value", "baseline", "off by", "status"):
             table.add_column(col, justify="right" if col in ("value", "baseline", "off by") else "left")
         for d in fleet.drifts:
-            table.add_row(d.host, f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host",
+            _row(table, d.host, f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host",
                           f"{d.check}/{d.name}", f"{d.value:.4g}",
                           f"{d.baseline:.4g} ({d.baseline_kind})", f"{d.deficit_pct:.1f} %",
                           _status(d.status or ""))
@@ -71,7 +77,7 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for col in ("host", "GPU", "group", "digest", "majority", "status"):
             table.add_column(col, overflow="fold")
         for odd in fleet.digests.odd:
-            table.add_row(odd.host, odd.gpu.label() if odd.gpu else "host", odd.group.label(),
+            _row(table, odd.host, odd.gpu.label() if odd.gpu else "host", odd.group.label(),
                           odd.digest[:12], (odd.majority or "none")[:12], _status(odd.status))
         console.print(table)
 
@@ -80,7 +86,7 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for col in ("GPU UUID", "failed runs", "hosts", "checks"):
             table.add_column(col, overflow="fold")
         for lemon in fleet.lemons:
-            table.add_row(lemon.uuid, f"{lemon.failed_runs} of last {lemon.window}",
+            _row(table, lemon.uuid, f"{lemon.failed_runs} of last {lemon.window}",
                           ", ".join(lemon.hosts), ", ".join(lemon.checks))
         console.print(table)
 
@@ -91,10 +97,10 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
         for col in ("host", "rails", "transports", "rail runs"):
             table.add_column(col, overflow="fold")
         for row in fabric:
-            table.add_row(row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-")
+            _row(table, row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-")
         console.print(table)
 
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")
     style = "bold red" if fleet.verdict == "FAIL" else "bold green"
-    console.print(Text(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}",
-                       style=style))
+    console.print(plain(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}",
+                        style=style))

@@ -11,6 +11,8 @@ import contextlib
 import functools
 import gc
 import json
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,20 +84,92 @@ def validator(backend: str = "auto") -> Validator:
     return _py_validator(schema)
 
 
+MAX_BYTES = 64 << 20  # a real report is tens of kB; 1 000 GPUs' worth is under 10 MB
+MAX_DEPTH = 32  # a real report nests about 8 deep
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of `path` if it is a regular file: a FIFO, device or socket in the reports
+    directory is never waited on (opened non-blocking, refused after fstat)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than the {MAX_BYTES >> 20} MiB a report may have")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return handle.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def text_problem(doc: Any) -> str | None:
+    """Nesting deeper than a report has, or a string no renderer can write (a lone surrogate,
+    which JSON's \\u escapes can carry but UTF-8 cannot)."""
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        if isinstance(node, dict):
+            stack.extend((k, depth + 1) for k in node)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"invalid Unicode (lone surrogate) in {node[:40]!r}"
+    return None
+
+
 def read(path: Path, host: str | None = None, validate: Validator | None = None) -> HostReport | None:
     """The report at `path`, named after the file (reports/<run-id>/<host>.json) unless `host`;
-    None for a fleet summary written into the same directory."""
+    None for a fleet summary written into the same directory. Whatever is wrong with the file
+    (not a regular file, not JSON, too deep, not valid against the schema, a host that is not
+    one node name, a verdict its checks do not give) makes it unreadable, with the reason."""
     name = host or path.stem
+
+    def unreadable(why: str) -> HostReport:
+        return HostReport(name, None, f"report unreadable: {path.name}: {' '.join(why.split())}", path)
+
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        return HostReport(name, None, f"report unreadable: {' '.join(str(exc).split())}", path)
+        doc = json.loads(read_regular(path))
+    except OSError as exc:
+        return unreadable(exc.strerror or str(exc))
+    except RecursionError:
+        return unreadable("nested too deep")
+    except ValueError as exc:
+        return unreadable(str(exc)[:200])
     if isinstance(doc, dict) and doc.get("schema") == FLEET_SCHEMA_NAME:
         return None
-    problem = (validate or validator())(doc)
+    problem = (host_name_problem(name) or text_problem(doc) or (validate or validator())(doc)
+               or report_schema.host_problem(doc["host"]) or report_schema.consistency_problem(doc))
     if problem:
-        return HostReport(name, None, f"report unreadable: {problem}", path)
+        return unreadable(problem)
     return HostReport(name, doc, None, path)
+
+
+def host_name_problem(name: str) -> str | None:
+    problem = report_schema.host_problem(name)
+    return None if problem is None else f"file name: {problem}"
+
+
+def flag_duplicates(found: list[HostReport]) -> list[HostReport]:
+    """Two reports that claim the same host: neither is believed (one of them is not that host)."""
+    claims: dict[str, list[HostReport]] = {}
+    for item in found:
+        if item.report is not None:
+            claims.setdefault(item.report["host"], []).append(item)
+    for claimed, items in claims.items():
+        if len(items) > 1:
+            files = ", ".join(sorted(i.path.name if i.path else i.host for i in items))
+            for item in items:
+                item.report = None
+                item.error = f"{len(items)} reports claim host {claimed} ({files})"
+    return found
 
 
 @contextlib.contextmanager
@@ -115,4 +189,4 @@ def read_dir(directory: Path) -> list[HostReport]:
     validate = validator()
     with gc_paused():
         found = [read(p, validate=validate) for p in sorted(directory.glob("*.json"))]
-    return [f for f in found if f is not None]
+    return flag_duplicates([f for f in found if f is not None])

@@ -8,6 +8,8 @@ figure's bad direction (below it for rates, above it for times):
 - deficit > X %      → FAIL
 - deficit > X/2 %    → WARN
 - otherwise, or fewer than MIN_PEERS peers, or a median of 0 → nothing.
+- a figure that is not a finite number (NaN, ±inf: a broken measurement) → FAIL, whatever its
+  peers; it is left out of the peer statistics (a NaN would make every comparison false).
 
 A figure that passes its absolute threshold can still be a straggler: an absolute threshold is set
 for the slowest acceptable part of a model, a straggler is slow compared with the parts beside it.
@@ -15,6 +17,7 @@ for the slowest acceptable part of a model, a straggler is slow compared with th
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -68,11 +71,19 @@ class Straggler:
     threshold_pct: float
     status: str  # "FAIL" or "WARN"
 
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.value)
+
     def to_dict(self) -> dict[str, Any]:
+        # JSON has no NaN or infinity: a figure that is not a finite number is null, and says why.
         return {"host": self.host, "check": self.check, "name": self.name,
-                "gpu": self.gpu.to_dict() if self.gpu else None, "value": self.value,
-                "median": self.median, "deficit_pct": round(self.deficit_pct, 2),
-                "threshold_pct": self.threshold_pct, "status": self.status}
+                "gpu": self.gpu.to_dict() if self.gpu else None,
+                "value": self.value if self.finite else None,
+                "median": self.median if math.isfinite(self.median) else None,
+                "deficit_pct": round(self.deficit_pct, 2) if self.finite else None,
+                "threshold_pct": self.threshold_pct, "status": self.status,
+                **({} if self.finite else {"reason": f"not a finite number ({self.value})"})}
 
 
 def deficit_pct(value: float, median: float, higher_better: bool) -> float:
@@ -119,3 +130,25 @@ def find(groups: dict[PeerKey, list[Figure]],
                                             median, deficit, pct, status))
     stragglers.sort(key=lambda s: (s.status != "FAIL", -s.deficit_pct, s.host))
     return stats, stragglers
+
+
+def split_finite(figures: Iterable[Figure]) -> tuple[list[Figure], list[Figure]]:
+    """(finite figures, the others)."""
+    finite: list[Figure] = []
+    other: list[Figure] = []
+    for fig in figures:
+        (finite if math.isfinite(fig.value) else other).append(fig)
+    return finite, other
+
+
+def not_finite(figures: Iterable[Figure], stats: Iterable[FigureStats], profile_of: Callable[[str], str],
+               pct_of: Callable[[str], float]) -> list[Straggler]:
+    """A FAIL for each figure that is NaN or infinite, against its peers' median when there is one."""
+    medians = {s.key: s.median for s in stats}
+    out = []
+    for fig in figures:
+        key = PeerKey(fig.check, fig.name, profile_of(fig.host), "gpu" if fig.gpu else "host")
+        pct = pct_of(key.profile)
+        out.append(Straggler(fig.host, fig.check, fig.name, fig.gpu, fig.value,
+                             medians.get(key, math.nan), math.inf, pct, "FAIL"))
+    return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from checks import resources
+from checks import resources, safeyaml
 from checks.hw.base import (
     GPU_FIELDS,
     Backend,
@@ -103,14 +103,16 @@ def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, 
         raise ScenarioError(f"{path}: 'extends' loops back to itself")
     try:
         text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        data = json.loads(text) if path.suffix == ".json" else safeyaml.load(text)
+    except RecursionError:
+        raise ScenarioError(f"{path}: cannot parse: nested too deep") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     unknown = set(data) - TOP_KEYS
     if unknown:
-        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown, key=str)}; allowed: {sorted(TOP_KEYS)}")
     parent = data.get("extends")
     if parent is not None:
         if not isinstance(parent, str):
@@ -151,13 +153,15 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
             raise ScenarioError(f"{path}: '{section}' must be a mapping")
         bad = set(value) - allowed
         if bad:
-            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad)} in '{section}'")
+            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad, key=str)} in '{section}'")
 
     check_keys("host", data.get("host"), HOST_KEYS)
     check_keys("driver", data.get("driver"), DRIVER_KEYS)
     check_keys("torch", data.get("torch"), TORCH_KEYS)
     gpu_keys = set(GPU_FIELDS) | GPU_PCI_KEYS
     check_keys("gpu_defaults", data.get("gpu_defaults"), gpu_keys)
+    if not isinstance(data.get("nvswitches") or [], list):
+        raise _type_error(path, "nvswitches", data["nvswitches"], (list,))
     for i, switch in enumerate(data.get("nvswitches") or []):
         if isinstance(switch, dict):
             check_keys(f"nvswitches[{i}]", switch, NVSWITCH_KEYS)
@@ -175,11 +179,61 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
     nvml = (data.get("driver") or {}).get("nvml", "ok")
     if nvml not in NVML_KINDS:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
+    _validate_types(path, data)
     for key in ("cpu_count", "shm_bytes"):
-        value = (data.get("host") or {}).get(key)
+        host = data.get("host") or {}
+        value = host.get(key)
         failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
-        if value is not None and not failed and (not isinstance(value, int) or value < 0):
+        if (key in host or value is not None) and not failed and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
+
+
+# Keys whose type the backend relies on: a wrong type is one error line naming the key, never a
+# traceback from deep inside a check. `{error: text}` and `not_supported` stay allowed wherever
+# the format allows a failed read.
+_SECTION_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "host": {"env": (dict,), "os_release": (dict,), "numa_nodes": (dict,), "services": (dict,),
+             "module_signers": (dict,), "kernel": (str,), "modules": (list, dict),
+             "kernel_log": (list, dict), "imex_nodes": (list, dict), "memlock": (int, str)},
+    "driver": {"version": (str, dict), "cuda_version": (int, dict)},
+    "torch": {"device_count": (int,), "version": (str,), "cuda_available": (bool,)},
+}
+_GPU_TYPES: dict[str, tuple[type, ...]] = {
+    "link": (dict,), "pci_device_id": (int,), "pci_bus_id": (str,), "numa_node": (int,),
+    "pci_path": (list,), "name": (str, dict), "uuid": (str, dict), "serial": (str, int, dict)}
+
+
+def _type_error(path: Path, where: str, value: Any, types: tuple[type, ...]) -> ScenarioError:
+    names = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", bool: "true/false"}
+    wanted = " or ".join(names.get(t, t.__name__) for t in types)
+    return ScenarioError(f"{path}: {where} must be {wanted}, got {type(value).__name__} {value!r:.60}")
+
+
+def _validate_types(path: Path, data: dict[str, Any]) -> None:
+    for section, types in _SECTION_TYPES.items():
+        body = data.get(section) or {}
+        for key, allowed in types.items():
+            value = body.get(key)
+            if value is None or value == "not_supported":
+                continue
+            if isinstance(value, bool) and bool not in allowed:
+                raise _type_error(path, f"{section}.{key}", value, allowed)
+            if not isinstance(value, allowed):
+                raise _type_error(path, f"{section}.{key}", value, allowed)
+    env = (data.get("host") or {}).get("env") or {}
+    for name, value in env.items():
+        if not isinstance(name, str) or isinstance(value, dict | list):
+            raise ScenarioError(f"{path}: host.env.{name} must be a variable name and a text value")
+    gpus = [("gpu_defaults", data.get("gpu_defaults") or {})] + [
+        (f"gpus[{i}]", g or {}) for i, g in enumerate(data.get("gpus") or []) if isinstance(g, dict)]
+    for where, gpu in gpus:
+        for key, allowed in _GPU_TYPES.items():
+            value = gpu.get(key)
+            if value is None or value == "not_supported" or (isinstance(value, dict) and "error" in value):
+                continue
+            if isinstance(value, bool) or not isinstance(value, allowed):
+                raise _type_error(path, f"{where}.{key}", value, allowed)
 
 
 def _validate_rdma(path: Path, rdma: Any, check_keys: Any) -> None:

@@ -84,23 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="NAME",
                    help="GPU model profile with the thresholds (default: detected from the GPUs; "
                         f"available: {', '.join(profiles.available())})")
-    p.add_argument("--expect-gpus", type=int, metavar="N",
+    p.add_argument("--expect-gpus", type=cliutil.number(int, minimum=0), metavar="N",
                    help="number of GPUs this host must have (default: what the PCI bus shows)")
     p.add_argument("--expect-driver", metavar="VERSION",
                    help="driver branch (e.g. 580) or exact version the host must run")
     p.add_argument("--expect-cuda", metavar="X.Y",
                    help="minimum CUDA version the driver must support")
-    p.add_argument("--expect-nvlink", type=int, metavar="N",
+    p.add_argument("--expect-nvlink", type=cliutil.number(int, minimum=0), metavar="N",
                    help="NVLink links that must be up on every GPU (default: inferred from the "
                         "model profile, NVSwitches on the bus and the links in use; set it for "
                         "NVLink-bridged PCIe SKUs, where a pair with every link down looks unbridged)")
-    p.add_argument("--expect-rdma-rate", type=float, metavar="GBPS",
+    p.add_argument("--expect-rdma-rate", type=cliutil.number(float, above=0), metavar="GBPS",
                    help="rate every RDMA port must run at, e.g. 400 (default: the profile's)")
-    p.add_argument("--expect-rdma-nics", type=int, metavar="N",
+    p.add_argument("--expect-rdma-nics", type=cliutil.number(int, minimum=0), metavar="N",
                    help="compute NICs (RDMA devices) this host must have (default: profile)")
     p.add_argument("--duration", type=parse_duration, default=600.0, metavar="TIME",
                    help="burn-in duration, e.g. 90s, 10m, 1h (default 10m)")
-    p.add_argument("--nproc", type=int, metavar="N",
+    p.add_argument("--nproc", type=cliutil.number(int, minimum=1), metavar="N",
                    help="processes for the collective and acceptance stages (default: one per "
                         "GPU, or 2 on a host without GPUs)")
     p.add_argument("--run-id", metavar="ID", help="identifier recorded in the report")
@@ -346,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stopped by {exc.name}: every process of the run was killed, no report written",
               file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # an output that cannot be written: full or read-only disk, ...
+        print(f"error: cannot write {exc.filename or 'output'}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("stopped by SIGINT: every process of the run was killed, no report written",
               file=sys.stderr)

@@ -21,10 +21,8 @@ import functools
 import json
 import os
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from checks import __version__, cliutil
+from checks import __version__, cliutil, safeio
 from checks import report_schema as report
 from checks.hw.base import (
     GPU_FIELDS,
@@ -45,14 +43,15 @@ from checks.hw.base import (
     PciDevice,
 )
 from checks.hw.fixture import NVML_KINDS, FixtureBackend, ScenarioError, _expand_nvlink
-from checks.node.redact import REDACTED_HOST, Redactor
+from checks.node.redact import REDACTED_HOST, Redactor, mask_cmdline_secrets
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
 SUFFIXES = (".yaml", ".yml", ".json")
 SERVICES = ("nvidia-fabricmanager", "nvidia-persistenced", "nvidia-imex", "nvlsm")
-# The report's environment list (NCCL_, CUDA_, NVIDIA_, OMP_NUM_THREADS, ...) plus the variables
-# Slurm sets for a job's GPUs, so a simulated run sees the same environment the checks saw.
-ENV_PREFIXES = (*report.RECORDED_ENV_PREFIXES, "GPU_DEVICE_ORDINAL")
+# The report's environment allow-list (checks/schema/recorded-env.yaml) plus the variables Slurm
+# sets for a job's GPUs, so a simulated run sees the same environment the checks saw; values of
+# secret-looking names are masked, as in the report.
+ENV_NAMES = frozenset({"GPU_DEVICE_ORDINAL"})
 SLURM_GPU_RE = re.compile(r"SLURM_\w*GPU")
 # Kernel-log lines any check or a reader of the recording cares about. Journal notices ("-- No
 # entries --") are kept too: they say the log could not really be read.
@@ -316,7 +315,7 @@ class Recorder:
         lines = self.fact("kernel_log", self.hw.kernel_log, errors_ok=True)
         if not isinstance(lines, list):
             return lines
-        kept = [str(line) for line in lines if KERNEL_LOG_RE.search(str(line))]
+        kept = [mask_cmdline_secrets(str(line)) for line in lines if KERNEL_LOG_RE.search(str(line))]
         if len(kept) > KERNEL_LOG_MAX:
             self.notes.append(f"kernel log: kept the latest {KERNEL_LOG_MAX} of {len(kept)} "
                               f"matching lines ({len(lines)} lines in all)")
@@ -491,8 +490,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def environment(environ: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in sorted(dict(environ).items())
-            if str(k).startswith(ENV_PREFIXES) or SLURM_GPU_RE.match(str(k))}
+    return {str(k): report.env_value(str(k), str(v)) for k, v in sorted(dict(environ).items())
+            if report.env_recorded(str(k)) or str(k) in ENV_NAMES or SLURM_GPU_RE.match(str(k))}
 
 
 def _factor_defaults(gpus: list[dict[str, Any]]) -> dict[str, Any]:
@@ -593,22 +592,13 @@ def check_target(path: Path, force: bool) -> None:
 
 
 def write(path: Path, text: str) -> Path | None:
-    """Atomic: a temporary file in the same directory, renamed over `path`. An existing file is
-    copied to PATH.bak first. Returns the backup path, if any."""
+    """Atomic and private (checks/safeio.py): a temporary file in the same directory, renamed
+    over `path`, mode 0600. An existing file is kept as PATH.bak first (written the same way, so
+    a pre-created PATH.bak symlink is replaced, never followed). Returns the backup path, if any."""
     backup = None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():
-            backup = path.with_name(path.name + ".bak")
-            shutil.copy2(path, backup)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if path.exists():
+        backup = safeio.write_bytes(path.with_name(path.name + ".bak"), path.read_bytes())
+    safeio.write_text(path, text)
     return backup
 
 
@@ -622,8 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
                "docs/recording.md.")
     p.add_argument("file", metavar="FILE", help="scenario to write (.yaml, .yml or .json)")
     p.add_argument("--redact", action="store_true",
-                   help="replace GPU serials, GPU/MIG/fabric UUIDs and the hostname with stable "
-                        "placeholders; nothing else changes")
+                   help="replace GPU serials, every UUID, the hostname, IP and MAC addresses and "
+                        "IMEX peers with stable placeholders, and drop the kernel command line "
+                        "but its GPU-relevant parameters (docs/recording.md)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing FILE (the old one is kept as FILE.bak)")
     p.add_argument("--simulate", metavar="FILE|NAME",

@@ -1,17 +1,69 @@
 """Redaction for `python -m checks record --redact`: a recording that can be shared.
 
-Only what identifies the machine is replaced: GPU serials, GPU-/MIG- UUIDs, fabric cluster UUIDs
-and the hostname. Everything the checks judge stays as read, so the verdict does not change.
+What identifies the machine or its network is replaced by stable placeholders (the same input
+gives the same placeholder everywhere in the file, so equal things stay equal): GPU serials,
+every UUID (GPU-/MIG-, fabric cluster, filesystem), the hostname, IPv4 and IPv6 addresses, MAC
+and IPoIB hardware addresses, IMEX peers. The kernel command line keeps only the parameters in
+CMDLINE_KEPT (the GPU-relevant ones: IOMMU, PCIe, nouveau/nvidia module options); every other
+parameter (root=UUID=..., a token someone put there) is removed. Everything the checks judge
+stays as read, so the verdict does not change. docs/recording.md lists it all.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
 REDACTED_HOST = "redacted-host"
 UUID_RE = re.compile(r"(?<![0-9A-Za-z])(GPU-|MIG-)?([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                      r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12})(?![0-9A-Za-z])")
+
+
+IPV4_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3})(?![\w]|\.\d)")
+IPV6_RE = re.compile(r"(?<![\w:.])([0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?:%\w+)?)(?![\w:])")
+# MAC (6 octets) up to IPoIB hardware addresses (20 octets), ':' or '-' separated.
+MAC_RE = re.compile(r"(?<![\w:-])([0-9A-Fa-f]{2}(?:([:-])[0-9A-Fa-f]{2})(?:\2[0-9A-Fa-f]{2}){4,18})"
+                    r"(?![\w:-])")
+# "Command line: ..." (x86 early boot) and "Kernel command line: ...".
+CMDLINE_RE = re.compile(r"^(.*?\b(?:Kernel )?[Cc]ommand line:\s*)(.*)$")
+# Kernel parameters kept in a redacted recording: the GPU-relevant ones a reader (or a check's
+# remedy: IOMMU and ACS for P2P, nouveau for the driver) asks about. Nothing else is kept.
+CMDLINE_KEPT = ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough", "iommu.strict", "pci",
+                "pcie_aspm", "pcie_acs_override", "nouveau.modeset", "modprobe.blacklist",
+                "rd.driver.blacklist", "nvidia-drm.modeset", "nvidia_drm.modeset",
+                "nvidia-drm.fbdev", "nvidia.NVreg_", "hugepagesz", "default_hugepagesz",
+                "hugepages", "isolcpus", "numa_balancing", "init_on_alloc", "mitigations")
+NOT_IDENTIFYING_IPS = {"0.0.0.0", "127.0.0.1", "::", "::1"}
+
+
+def cmdline_kept(param: str) -> bool:
+    name = param.split("=", 1)[0]
+    return any(name == k or (k.endswith("_") and name.startswith(k)) for k in CMDLINE_KEPT)
+
+
+def redact_cmdline(line: str) -> str:
+    """A kernel command line log line with only the CMDLINE_KEPT parameters."""
+    m = CMDLINE_RE.match(line)
+    if not m:
+        return line
+    params = m.group(2).split()
+    kept = [p for p in params if cmdline_kept(p)]
+    gone = len(params) - len(kept)
+    return m.group(1) + " ".join(kept) + (f" [{gone} parameters removed by --redact]" if gone else "")
+
+
+def mask_cmdline_secrets(line: str) -> str:
+    """A kernel command line with the value of every secret-looking parameter (vault_token=...)
+    masked; applied to every recording, redacted or not."""
+    from checks.report_schema import MASKED, SECRET_NAME
+
+    m = CMDLINE_RE.match(line)
+    if not m:
+        return line
+    params = [f"{p.split('=', 1)[0]}={MASKED}" if "=" in p and SECRET_NAME.search(p.split("=", 1)[0])
+              else p for p in m.group(2).split()]
+    return m.group(1) + " ".join(params)
 
 
 class Redactor:
@@ -23,6 +75,7 @@ class Redactor:
     def __init__(self, scenario: dict[str, Any], host: str) -> None:
         self._uuids: dict[str, str] = {}
         self._serials: dict[str, str] = {}
+        self._addresses: dict[str, str] = {}
         self._known_bare: set[str] = set()  # cluster UUIDs (no GPU-/MIG- prefix)
         gpus = [scenario.get("gpu_defaults") or {}, *scenario.get("gpus", [])]
         for gpu in gpus:
@@ -45,16 +98,64 @@ class Redactor:
                                      r")(?![0-9A-Za-z])") if long else None
 
     def _uuid(self, match: re.Match[str]) -> str:
+        # Every UUID: the hardware's (GPU-, MIG-, fabric cluster) and any other (a filesystem's,
+        # root=UUID=...), which identifies the machine as well.
         prefix, body = match.group(1) or "", match.group(2).lower()
-        if not prefix and body not in self._known_bare:
-            return match.group(0)  # some other UUID (a filesystem's): not the hardware's identity
         number = self._uuids.setdefault(body, f"{len(self._uuids) + 1:012d}")
         return f"{prefix}00000000-0000-0000-0000-{number}"
+
+    def _placeholder(self, kind: str, key: str, make: Any) -> str:
+        known = self._addresses.get(f"{kind}:{key}")
+        if known is None:
+            n = sum(1 for k in self._addresses if k.startswith(f"{kind}:")) + 1
+            known = self._addresses[f"{kind}:{key}"] = make(n)
+        return known
+
+    def _ipv4(self, match: re.Match[str]) -> str:
+        text = match.group(1)
+        try:
+            ipaddress.IPv4Address(text)
+        except ValueError:
+            return text
+        if text in NOT_IDENTIFYING_IPS:
+            return text
+        # Documentation ranges (RFC 5737): never a real host's address.
+        nets = ("192.0.2", "198.51.100", "203.0.113")
+        return self._placeholder("v4", text, lambda n: f"{nets[min(n // 254, 2)]}.{n % 254 + 1}")
+
+    def _ipv6(self, match: re.Match[str]) -> str:
+        text = match.group(1)
+        try:
+            addr = ipaddress.IPv6Address(text.split("%")[0])
+        except ValueError:
+            return text
+        if text.count(":") < 2 or str(addr) in NOT_IDENTIFYING_IPS:
+            return text
+        return self._placeholder("v6", str(addr), lambda n: f"2001:db8::{n:x}")  # RFC 3849
+
+    def _mac(self, match: re.Match[str]) -> str:
+        text, sep = match.group(1), match.group(2)
+        octets = len(text.split(sep))
+        return self._placeholder("mac", text.lower(), lambda n: sep.join(
+            ["02", *["00"] * (octets - 3), f"{n >> 8 & 0xff:02x}", f"{n & 0xff:02x}"]))
+
+    def addresses(self, value: str) -> str:
+        """IPv4, IPv6 and MAC addresses replaced by stable placeholders."""
+        value = MAC_RE.sub(self._mac, value)
+        value = IPV4_RE.sub(self._ipv4, value)
+        return IPV6_RE.sub(self._ipv6, value)
+
+    def peer(self, value: str) -> str:
+        """An IMEX peer: its address as a placeholder, a host name as redacted-peer-N."""
+        out = self.addresses(value)
+        if out != value or not value.strip():
+            return out
+        return self._placeholder("peer", value, lambda n: f"redacted-peer-{n}")
 
     def text(self, value: str, host_too: bool = False) -> str:
         if value in self._serials:
             return self._serials[value]
-        value = UUID_RE.sub(self._uuid, value)
+        value = self.addresses(UUID_RE.sub(self._uuid, value))
         if self._serial_re:
             value = self._serial_re.sub(lambda m: self._serials[m.group(1)], value)
         if host_too and self._host_re:
@@ -74,8 +175,10 @@ class Redactor:
         out = self._walk(scenario, host_too=False)
         host = out.get("host") or {}
         if isinstance(host.get("kernel_log"), list):
-            host["kernel_log"] = [self.text(line, host_too=True)
+            host["kernel_log"] = [self.text(redact_cmdline(str(line)), host_too=True)
                                   for line in scenario["host"]["kernel_log"]]
+        if isinstance(host.get("imex_nodes"), list):
+            host["imex_nodes"] = [self.peer(str(p)) for p in scenario["host"]["imex_nodes"]]
         if isinstance(host.get("env"), dict):
             host["env"] = {k: self._env_value(v) for k, v in scenario["host"]["env"].items()}
         return out

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+def below(value: float, floor: float) -> bool:
+    """`value < floor`, and True for a value that is not a finite number: NaN compares false
+    with everything, so a bare `<` would let a NaN measurement pass its threshold."""
+    return not math.isfinite(value) or value < floor
 
 
 @dataclass(frozen=True)
@@ -28,9 +35,14 @@ def stragglers(values: Mapping[K, float], pct: float) -> dict[K, Straggler]:
     if len(values) < 2:
         return out
     for key, value in values.items():
-        peers = [v for k, v in values.items() if k != key]
-        median = statistics.median(peers)
-        if median <= 0:
+        # Peers that are not finite numbers are left out of the median (they are stragglers
+        # themselves); a member that is not a finite number is always one.
+        peers = [v for k, v in values.items() if k != key and math.isfinite(v)]
+        median = statistics.median(peers) if peers else math.nan
+        if not math.isfinite(value):
+            out[key] = Straggler(value=value, peers_median=median, shortfall_pct=math.inf)
+            continue
+        if not peers or median <= 0:
             continue
         shortfall = (median - value) / median * 100
         if shortfall > pct:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from checks.hw.base import HardwareError, NotSupported, NvmlUnavailable
-from checks.model import CheckOutcome, Result, Status, error, skip
+from checks.model import CheckOutcome, Result, Status, error, finite_or_error, skip
 from checks.node.context import Context
 from checks.node.registry import Check
 
@@ -38,7 +38,7 @@ def _normalise(chk: Check, produced: Any) -> list[Result]:
     for r in results:
         if not isinstance(r, Result):
             return [error(f"check returned {type(r).__name__}, not a Result (bug in the check)")]
-    return results
+    return [finite_or_error(r) for r in results]
 
 
 def _results(chk: Check, ctx: Context) -> list[Result]:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from checks import __version__
+from checks import __version__, safeio
 from checks.fleet import svg
 from checks.fleet.aggregate import Fleet, from_reports
 from checks.fleet.fabric_summary import summarise as fabric_rows
@@ -455,12 +455,7 @@ def render(fleet: Fleet) -> str:
 
 
 def write_fleet(fleet: Fleet, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(fleet), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return safeio.write_text(path, render(fleet))
 
 
 def write(reports: Iterable[dict[str, Any]], path: str | Path) -> Path:

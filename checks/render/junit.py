@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from checks import safeio
 
 
 def to_xml(reports: list[dict[str, Any]]) -> ET.Element:
@@ -38,13 +42,33 @@ def to_xml(reports: list[dict[str, Any]]) -> ET.Element:
     return root
 
 
+# Characters XML 1.0 cannot hold, not even escaped (C0 controls but tab, newline and carriage
+# return; lone surrogates; U+FFFE/U+FFFF): a message or environment value carrying one would make
+# the whole file unreadable to every JUnit consumer.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_safe(text: str) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def sanitise(root: ET.Element) -> ET.Element:
+    """Every text and attribute of the tree with the characters XML cannot hold written as \\xNN."""
+    for el in root.iter():
+        if el.text:
+            el.text = _xml_safe(el.text)
+        for key, value in el.attrib.items():
+            el.set(key, _xml_safe(value))
+    return root
+
+
 def write_tree(root: ET.Element, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    sanitise(root)
     tree = ET.ElementTree(root)
     ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    buf = io.BytesIO()
+    tree.write(buf, encoding="utf-8", xml_declaration=True)
+    return safeio.write_bytes(path, buf.getvalue())
 
 
 def write(reports: list[dict[str, Any]], path: str | Path) -> Path:

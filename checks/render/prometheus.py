@@ -6,9 +6,8 @@ series of its last run) for its own node_exporter; the controller writes one bou
 and a series per finding only), so that no single scrape carries the whole fleet. The old layout,
 a file per host in the controller's directory, is still written on request (`host_files`).
 
-Files are written with
-prometheus_client's write_to_textfile: to a temporary name in the same directory (not ending in
-.prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
+Files are written with checks.safeio: to a private temporary in the same directory (not ending
+in .prom, so the collector skips it), then renamed over the old file, so node_exporter reads the old
 file or the new one, never half of one. Metric names follow Prometheus conventions: base units
 (bytes, seconds, flops) and the unit as a suffix; figures are converted from the unit their name
 ends in. Every metric, label, alert rule and dashboard panel is described in docs/prometheus.md;
@@ -24,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from checks import safeio
 from checks.model import Status
 
 if TYPE_CHECKING:
@@ -311,12 +311,10 @@ def _fleet_timestamp(fleet: Fleet) -> float:
 def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None = None,
           fleet_status: dict[str, str] | None = None) -> Path:
     """Write the reports' metrics (and the fleet's, if given) to `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(reports, fleet, fleet_status))
-    write_to_textfile(str(path), registry)
-    return path
+    # 0644: node_exporter reads the textfile directory as its own, unprivileged user.
+    return safeio.write_bytes(path, generate_latest(registry), mode=0o644)
 
 
 FLEET_FILE = "nodecert-fleet.prom"
@@ -335,7 +333,7 @@ def write_fleet(fleet: Fleet, directory: str | Path, *, host_files: bool = False
     paths = [write([], directory / FLEET_FILE, fleet)]
     if host_files:
         status = {h.host: h.status for h in fleet.hosts}
-        paths.extend(write([r], directory / host_file(r["host"]), fleet_status=status)
+        paths.extend(write([r], safeio.confined(directory, host_file(r["host"])), fleet_status=status)
                      for r in fleet.reports)
     else:
         for old in directory.glob("nodecert-*.prom"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
@@ -9,6 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "bold magenta"}
+# Control characters a message or a name may carry (an escape sequence would drive the operator's
+# terminal): shown as \\xNN. Newlines stay, they separate a message from its remedy.
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object, style: str = "") -> Text:
+    """A cell or title from data: never rich markup (`[/dev/nvidia4]` is text, not a tag), never a
+    control sequence."""
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)), style=style)
 
 
 def _value(result: dict[str, Any]) -> str:
@@ -46,8 +56,8 @@ def _collapse(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]
 
 
 def render(report: dict[str, Any], console: Console, verbose: bool = False) -> None:
-    table = Table(title=f"{report['host']}  level={report['level']}  "
-                        f"profile={report['profile']['name']}", expand=False)
+    table = Table(title=plain(f"{report['host']}  level={report['level']}  "
+                              f"profile={report['profile']['name']}"), expand=False)
     table.add_column("check")
     table.add_column("status")
     table.add_column("device")
@@ -72,8 +82,8 @@ def render(report: dict[str, Any], console: Console, verbose: bool = False) -> N
                 message += f"\n→ {r['remedy']}"
                 if count == 1 and device.get("serial"):  # what an RMA asks for
                     message += f" (serial {device['serial']})"
-            table.add_row(chk["id"] if i == 0 else "", Text(r["status"], style=STYLE[r["status"]]),
-                          label, _value(r), message)
+            table.add_row(plain(chk["id"] if i == 0 else ""), plain(r["status"], STYLE[r["status"]]),
+                          plain(label), plain(_value(r)), plain(message))
     console.print(table)
     summary = "  ".join(f"{k} {v}" for k, v in report["summary"].items() if v)
     style = "bold red" if report["verdict"] == "FAIL" else "bold green"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.model import Result, error, fail, passed, skip
-from checks.node import workload_plan
+from checks.node import rules, workload_plan
 from checks.node.context import Context
 from checks.node.registry import check
 
@@ -234,7 +234,7 @@ def _throughput(ctx: Context, report: Any) -> Result:
     for key, figure in THROUGHPUT_FLOORS.items():
         floor = ctx.profile.get(f"thresholds.{key}")
         if on_gpu and large and floor is not None and figure in figures \
-                and figures[figure] < float(floor):
+                and rules.below(figures[figure], float(floor)):
             low.append(f"{figure} {figures[figure]:.4g} < thresholds.{key} {float(floor):g}")
     if low:
         return fail(f"below profile {ctx.profile.name}: {'; '.join(low)}",

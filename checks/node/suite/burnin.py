@@ -166,7 +166,7 @@ class _GpuBurnJudge:
 
     def speed_problems(self, index: int, tflops: float) -> list[str]:
         failures = []
-        if self.floor is not None and tflops < self.floor.value:
+        if self.floor is not None and rules.below(tflops, self.floor.value):
             failures.append(f"throughput {tflops:.0f} TFLOP/s below {self.floor.value:.0f} "
                             f"({self.floor.source})")
         if index in self.slow:

@@ -132,7 +132,7 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
                       value=peak, unit="GB/s", details=details)
     expected = f">= {threshold.value:.0f} GB/s ({threshold.source})"
     details["threshold_source"] = threshold.source
-    if peak < threshold.value:
+    if rules.below(peak, threshold.value):
         return fail(f"{summary}, below {threshold.value:.0f} GB/s", value=peak, unit="GB/s",
                     expected=expected, details=details, remedy=REMEDY_SLOW)
     return passed(summary, value=peak, unit="GB/s", expected=expected, details=details)

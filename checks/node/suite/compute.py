@@ -48,7 +48,7 @@ def judge_per_gpu(values: dict[int, dict[str, float]], metrics: list[str],
             pct = f" ({value / peak * 100:.0f} % of {peak:g})" if peak else ""
             label = LABELS.get(metric, metric.split("_")[0])
             readings.append(f"{label} {value:.1f}{pct}")
-            if limit is not None and value < limit.value:
+            if limit is not None and rules.below(value, limit.value):
                 problems.append(f"{label} {value:.1f} {unit} below {limit.value:.0f} "
                                 f"({limit.source})")
             if i in slow:

@@ -19,6 +19,7 @@ from checks.model import Device, Result, error, fail, passed, skip, warn
 from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.registry import check
+from checks.report_schema import env_value
 
 NO_RDMA = "no RDMA devices (/sys/class/infiniband is empty or absent): no RDMA fabric to check"
 # ACS Control bits (PCIe base spec 7.7.8.3) that send peer-to-peer traffic up to the root
@@ -477,7 +478,8 @@ def nccl_env(ctx: Context) -> list[Result]:
     (NCCL_SOCKET_IFNAME naming no interface, NCCL_IB_HCA naming no HCA). The InfiniBand ones
     only FAIL where RDMA devices exist."""
     env = ctx.hw.environ()
-    seen = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    # Values as a report may show them: secret-looking ones masked (checks/report_schema.py).
+    seen = {k: env_value(k, v) for k, v in env.items() if k.startswith("NCCL_")}
     try:
         rdma = [d.name for d in _rdma(ctx)]
     except HardwareError:

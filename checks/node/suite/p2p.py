@@ -163,7 +163,7 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
     no_access = [(i, j) for i in range(n) for j in range(n)
                  if i != j and not m["access"][i][j]]
     floor_of = {k: t for k, t in thresholds.items() if t is not None}
-    below = {k: v for k, v in pairs.items() if k in floor_of and v < floor_of[k].value}
+    below = {k: v for k, v in pairs.items() if k in floor_of and rules.below(v, floor_of[k].value)}
 
     def name(k: Pair) -> str:
         return f"{names[k[0]]}->{names[k[1]]} ({classes.get(k, topology.UNKNOWN)})"

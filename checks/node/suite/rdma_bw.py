@@ -17,6 +17,7 @@ from typing import Any
 from checks.hw.base import HardwareError, NotSupported, RdmaDevice
 from checks.hw.perftest import PerftestOutputError, parse_write_bw
 from checks.model import Device, Result, error, fail, passed, skip
+from checks.node import rules
 from checks.node.context import Context
 from checks.node.registry import check
 from checks.node.suite.fabric import NO_RDMA, compute_nics, rails_map
@@ -103,7 +104,7 @@ def _measure(ctx: Context, nic: RdmaDevice, gpu: int | None, label: str | None,
             f"{rate:g} Gb/s port")
     kw: dict[str, Any] = {"device": device, "details": details, "value": round(bw.average_gbps, 2),
                           "unit": "Gb/s", "expected": f">= {floor:g} Gb/s ({fraction:g} x line rate)"}
-    if bw.average_gbps < floor:
+    if rules.below(bw.average_gbps, floor):
         return fail(f"{text}, below {fraction:g} x line rate ({floor:g} Gb/s)",
                     remedy="compare with the other pairs: one slow GPU-NIC pair points at its PCIe "
                            "path (link width/speed of GPU and NIC, ACS: pcie-acs) or GPUDirect "
