@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2elib import aptrepo, roletemplate  # noqa: E402
+from e2elib import aptrepo, roletemplate
 
 KERNEL = "6.8.0-90-generic"
 NEXT_KERNEL = "6.8.0-94-generic"

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.fleet import synthetic
+from checks.devtools import synthetic
 from checks.fleet.fleet_cli import main as fleet_main
 from checks.node import node_cli
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from checks.fleet import synthetic
+from checks.devtools import synthetic
 from checks.fleet.fleet_cli import main as fleet_main
 from checks.model import Result, Status, finite_or_error, passed
 from checks.node import node_cli, rules

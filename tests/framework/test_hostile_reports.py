@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from checks.fleet import synthetic
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken
 from checks.fleet.fleet_cli import main
-from checks.fleet.synthetic import Broken
 
 
 @pytest.fixture(scope="module")
