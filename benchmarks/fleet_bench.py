@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/fleet_bench.py [--hosts 1000] [--repeat 3] [--check]
 
 Builds the reports (a real `python -m checks --simulate h100-sxm-8x-healthy` report per host, plus
-the workload figures and curves) in a temporary directory, then times checks.fleet.aggregate.load
+the workload figures and curves) in a temporary directory, then times checks.report.aggregate.load
 and its parts. JSON-schema validation is timed with both validators: jsonschema-rs (used when
 installed) and the pure-Python jsonschema (the fallback), the latter on a sample, extrapolated.
 --check exits 1 when over the goal (off by default: a shared machine's timings are noisy).
@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checks.devtools import synthetic
-from checks.fleet import aggregate, load
+from checks.report import aggregate, load
 
 GOAL_S = 2.0
 

@@ -32,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checks.devtools import synthetic
-from checks.fleet import aggregate
 from checks.render import prometheus
+from checks.report import aggregate
 
 EXPORTER = ("prometheus-node-exporter", "node_exporter")
 SCRAPE_TIMEOUT_S = 600.0  # generous: the point is to measure the old layout, not to give up on it

@@ -7,5 +7,5 @@ Fleet), `history` (SQLite run history, lemons) and `drift`, and the front ends: 
 checks.fleet.slurm`), `crosshost_plan` (plans and merges the cross-host stage whose node side is
 `checks.node.crosshost_node`). The HTML and Prometheus renderers live in checks.render.
 
-Entry points: `checks.fleet.aggregate.load(directory)` and `.from_reports(reports)` → `Fleet`.
+Entry points: `checks.report.aggregate.load(directory)` and `.from_reports(reports)` → `Fleet`.
 """

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from checks.supervise import procs
+
 
 class InventoryError(Exception):
     """The inventory could not be read (one-line message)."""
@@ -44,8 +46,7 @@ def hosts(path: str | Path, timeout_s: float = 120.0, group: str | None = None) 
         raise InventoryError(f"inventory {path} does not exist")
     cmd = [_ansible_inventory(), "-i", str(path), "--list"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                              env={**os.environ, **STRICT_ENV})
+        proc = procs.run(cmd, timeout_s=timeout_s, text=True, env={**os.environ, **STRICT_ENV})
     except subprocess.TimeoutExpired:
         raise InventoryError(f"ansible-inventory -i {path} timed out after {timeout_s:g} s") from None
     if proc.returncode != 0:

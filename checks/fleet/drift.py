@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checks import profiles
-from checks.fleet.figures import Figure, higher_is_better
-from checks.fleet.findings import Drift
-from checks.fleet.stragglers import deficit_pct
+from checks.report.figures import Figure, higher_is_better
+from checks.report.findings import Drift
+from checks.report.stragglers import deficit_pct
 
 if TYPE_CHECKING:
-    from checks.fleet.aggregate import Fleet
     from checks.fleet.history import History
+    from checks.report.aggregate import Fleet
 
 BASELINES = ("median", "first")
 

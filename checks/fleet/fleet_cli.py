@@ -18,13 +18,14 @@ from pathlib import Path
 from rich.console import Console
 
 from checks import cliutil, report_schema, safeio
-from checks.fleet import aggregate, drift, history, load
 from checks.fleet import ansible_inventory as inventory
 from checks.fleet import crosshost_plan as crosshost
+from checks.fleet import drift, history
 from checks.fleet import fleet_junit as junit
 from checks.fleet import fleet_terminal as terminal
-from checks.fleet import load as loader
-from checks.fleet.aggregate import Fleet
+from checks.report import aggregate, load
+from checks.report import load as loader
+from checks.report.aggregate import Fleet
 
 EXIT_USAGE = 2
 

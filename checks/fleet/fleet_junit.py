@@ -8,8 +8,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from checks.fleet.aggregate import Fleet
 from checks.render import junit
+from checks.report.aggregate import Fleet
 
 
 def _bump(suite: ET.Element, attr: str) -> None:

@@ -6,10 +6,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from checks.fleet.aggregate import Fleet
-from checks.fleet.fabric_summary import summarise
 from checks.render.terminal import STYLE as CHECK_STYLE
 from checks.render.terminal import plain
+from checks.report.aggregate import Fleet
+from checks.report.fabric_summary import summarise
 
 STYLE = {**CHECK_STYLE, "MISSING": "bold red"}
 LISTED = 6  # hosts named per check before "+N more"

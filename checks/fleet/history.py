@@ -41,9 +41,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from checks.fleet.aggregate import Fleet
-from checks.fleet.findings import Lemon
 from checks.model import Status
+from checks.report.aggregate import Fleet
+from checks.report.findings import Lemon
 
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another run's transaction to finish
 DEFAULT_FAILURES = 2

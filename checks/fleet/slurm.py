@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from checks import cliutil
-from checks.fleet import load, slurm_conf
+from checks.fleet import slurm_conf
 from checks.fleet import slurm_control as control
 from checks.fleet import slurm_gate as gate
 from checks.fleet.slurm_control import (  # noqa: F401 (the module's API)
@@ -62,6 +62,7 @@ from checks.fleet.slurm_control import (  # noqa: F401 (the module's API)
     verdict,
 )
 from checks.fleet.slurm_gate import RUN_ID, keep_last, last_verdict  # noqa: F401 (API)
+from checks.report import load
 
 STATE_DIR = "/var/lib/nodecert"
 LAST = gate.LAST

@@ -12,6 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from checks.supervise import procs
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -102,7 +104,7 @@ def drain_reason(prefix: str, summary: str) -> str:
 def run(cmd: list[str], timeout_s: float | None = None) -> str:
     timeout_s = call_timeout_s if timeout_s is None else timeout_s
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        proc = procs.run(cmd, timeout_s=timeout_s, text=True)
     except FileNotFoundError:
         raise SlurmError(f"{cmd[0]} not found on PATH") from None
     except subprocess.TimeoutExpired:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks.fleet import load
 from checks.fleet import slurm_control as sl
+from checks.report import load
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schema" / "fleet.schema.json"
 

@@ -19,7 +19,6 @@ unexpected exception) fails closed: the node is drained with `<prefix>: nodecert
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
@@ -33,8 +32,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from checks.fleet import load
 from checks.fleet.slurm_control import Verdict, one_line, verdict
+from checks.report import load
+from checks.supervise import procs
 
 RUN_ID = "nodecert-run"  # stands for the check id in the reason when the checks did not finish
 WRAPPER_ID = "nodecert-wrapper"  # the check id in the reason when the wrapper itself failed
@@ -43,7 +43,6 @@ RUNNING = "running.json"
 LOCK = ".lock"
 SLURM_ERROR = "slurm-error.json"  # our prolog/epilog exited non-zero without its own drain
 TEXTFILE = "nodecert.prom"
-PR_SET_PDEATHSIG = 1
 
 
 class UsageError(Exception):
@@ -60,11 +59,6 @@ class Terminated(Exception):
 
 # -- the supervised check run --------------------------------------------------------------------
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -78,8 +72,8 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float
     with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
         path = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        # its own session, killed by the kernel when this wrapper dies (PR_SET_PDEATHSIG)
+        proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_term(signum: int, frame: object) -> None:

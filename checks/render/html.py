@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from checks import __version__, safeio
-from checks.fleet import svg
-from checks.fleet.aggregate import Fleet, from_reports
-from checks.fleet.fabric_summary import summarise as fabric_rows
-from checks.fleet.figures import Curve, Figure, higher_is_better
-from checks.fleet.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
+from checks.report import svg
+from checks.report.aggregate import Fleet, from_reports
+from checks.report.fabric_summary import summarise as fabric_rows
+from checks.report.figures import Curve, Figure, higher_is_better
+from checks.report.stragglers import MIN_PEERS, WARN_FRACTION, FigureStats
 
 COLORS = {"PASS": "#1a7f37", "WARN": "#bf8700", "FAIL": "#cf222e", "ERROR": "#8250df",
           "MISSING": "#6e7781", "SKIP": "#8c959f"}

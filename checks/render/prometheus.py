@@ -31,7 +31,7 @@ from checks import safeio
 from checks.model import Status
 
 if TYPE_CHECKING:
-    from checks.fleet.aggregate import Fleet
+    from checks.report.aggregate import Fleet
 
 PREFIX = "nodecert"
 STATUSES = [s.value for s in Status]

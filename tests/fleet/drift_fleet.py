@@ -13,8 +13,9 @@ from typing import Any
 
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Slow
-from checks.fleet import aggregate, drift, history
+from checks.fleet import drift, history
 from checks.hw.measure import reference
+from checks.report import aggregate
 
 GOOD = "3f6c0a9e51d2b7c4" + "0" * 48
 ODD = "a81e44f09b3c2d17" + "0" * 48

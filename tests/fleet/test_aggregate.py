@@ -11,8 +11,8 @@ import pytest
 
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Slow
-from checks.fleet import aggregate, figures, load, stragglers
-from checks.fleet.figures import Figure, GpuRef
+from checks.report import aggregate, figures, load, stragglers
+from checks.report.figures import Figure, GpuRef
 
 from .conftest import PlantedFleet
 

@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importlib mode: 
 from netlab import NetLab, missing_tools
 
 from checks.fleet import crosshost_plan as crosshost
-from checks.fleet import fleet_cli, load
+from checks.fleet import fleet_cli
 from checks.node.rails import parse_rails
+from checks.report import load
 
 ROOT = Path(__file__).resolve().parents[2]
 # Joining includes torch's start-up in torchrun and in the rank: with four nodes starting at once

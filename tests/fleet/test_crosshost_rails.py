@@ -15,14 +15,14 @@ from rich.console import Console
 
 from checks.fleet import crosshost_plan as crosshost
 from checks.fleet import fleet_terminal as terminal
-from checks.fleet import load
-from checks.fleet.aggregate import from_reports
-from checks.fleet.fabric_summary import summarise
 from checks.hw.fixture import FixtureBackend
 from checks.node import crosshost_node as node_cli
 from checks.node import node_cli as cli
 from checks.node.rails import Rail, nearest_gpu, parse_rails, rail_env
 from checks.render import html
+from checks.report import load
+from checks.report.aggregate import from_reports
+from checks.report.fabric_summary import summarise
 
 RAILS = "rail0=mlx5_0/ens1,rail1=mlx5_1/ens2"
 

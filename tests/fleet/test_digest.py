@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from checks.devtools import synthetic
-from checks.fleet import aggregate
-from checks.fleet import digest_groups as digest
 from checks.fleet import fleet_cli as cli
 from checks.hw.measure import reference
 from checks.node import node_cli
+from checks.report import aggregate
+from checks.report import digest_groups as digest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "9" * 64

@@ -19,9 +19,10 @@ import pytest
 from checks import profiles
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Slow
-from checks.fleet import aggregate, drift, history
+from checks.fleet import drift, history
 from checks.fleet import fleet_cli as cli
-from checks.fleet.figures import Figure, GpuRef
+from checks.report import aggregate
+from checks.report.figures import Figure, GpuRef
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = drift.rule_for("generic")
@@ -188,7 +189,8 @@ def test_the_fleet_cli_reports_drift_in_json_and_exit_status(tmp_path, h100_repo
 
 WRITER = textwrap.dedent("""
     import json, sys
-    from checks.fleet import aggregate, history
+    from checks.fleet import history
+    from checks.report import aggregate
     reports = json.load(open(sys.argv[1]))
     name, runs = sys.argv[3], int(sys.argv[4])
     for i in range(runs):
@@ -224,7 +226,8 @@ def test_several_writers_at_once_all_land(tmp_path, h100_report) -> None:
 
 KILLED = textwrap.dedent("""
     import json, sys, time
-    from checks.fleet import aggregate, history
+    from checks.fleet import history
+    from checks.report import aggregate
 
     class Stall:
         '''The connection, stalling right after the figures are inserted: mid-transaction.'''

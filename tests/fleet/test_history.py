@@ -12,7 +12,8 @@ import pytest
 
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
-from checks.fleet import aggregate, fleet_cli, history
+from checks.fleet import fleet_cli, history
+from checks.report import aggregate
 
 LEMON_UUID = "GPU-1e301e30-0000-4000-8000-000000000001"
 

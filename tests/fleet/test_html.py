@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.fleet import aggregate
 from checks.render import html
+from checks.report import aggregate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DOC_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "fleet-report.png"

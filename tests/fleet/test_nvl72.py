@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 
 from checks.devtools.synthetic import base_report
-from checks.fleet import aggregate, fleet_cli, nvl72
+from checks.fleet import fleet_cli
+from checks.report import aggregate, nvl72
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks.fleet import aggregate, fleet_junit
+from checks.fleet import fleet_junit
 from checks.fleet.history import Lemon
 from checks.render import prometheus
+from checks.report import aggregate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import drift_fleet

@@ -412,8 +412,8 @@ def test_fleet_shows_rails_and_transports_per_host(run_cli, tmp_path: Path) -> N
     from rich.console import Console
 
     from checks.fleet import fleet_terminal as terminal
-    from checks.fleet.aggregate import from_reports
     from checks.render import html
+    from checks.report.aggregate import from_reports
 
     p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 8}[{i}] via "
                   "P2P/CUMEM/read\n" for i in range(8))

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checks import report_schema
+from checks import environment, report_schema
 from checks.hw.fixture import FixtureBackend
 from checks.node import node_cli, record
 from checks.node.redact import CMDLINE_KEPT, redact_cmdline
 
-ALLOWLIST = yaml.safe_load(report_schema.ENV_ALLOWLIST_PATH.read_text())
+ALLOWLIST = yaml.safe_load(environment.ENV_ALLOWLIST_PATH.read_text())
 
 
 @pytest.mark.parametrize("entry", ALLOWLIST, ids=lambda e: e.get("name") or e.get("prefix"))

@@ -3,9 +3,12 @@
     checks.hw, checks.supervise       foundation: the machine (real or a fixture) and supervised
                                       process groups; import nothing above them
     checks.node                       the node check suite (`python -m checks`)
+    checks.report                     the report model both sides use (load, figures, aggregate,
+                                      stragglers, findings); checks.render draws a host's HTML page
+                                      through it as a fleet of one
     checks.fleet                      the controller (`python -m checks.fleet`): may read node code;
-                                      no module of checks.node imports it (a host's HTML page goes
-                                      through checks.render, which draws it as a fleet of one)
+                                      nothing of the node side, the report model or the renderers
+                                      imports it
     trainer                           reference jobs: use the foundation only, never the suite
 
 Read from the source with `ast` (every import, also those inside functions and TYPE_CHECKING
@@ -65,18 +68,28 @@ def test_every_project_import_resolves_to_a_module() -> None:
 
 @pytest.mark.parametrize(("layer", "allowed"), [
     ("checks.resources", ()),
+    ("checks.safeio", ()),
+    ("checks.safeyaml", ()),
+    ("checks.environment", ("checks.resources",)),
     ("checks.kernlog", ("checks.kernlog", "checks.resources")),
     ("checks.supervise", ("checks.supervise",)),
-    ("checks.hw", ("checks.hw", "checks.supervise", "checks.model", "checks.resources")),
-    ("trainer", ("trainer", "checks.hw", "checks.supervise", "checks.cliutil")),
+    ("checks.hw", ("checks.hw", "checks.supervise", "checks.model", "checks.resources",
+                   "checks.safeyaml", "checks.environment")),
+    # the reference jobs read the profiles' sizes (data), never the check suite
+    ("trainer", ("trainer", "checks.hw", "checks.supervise", "checks.cliutil", "checks.profiles",
+                 "checks.model", "checks.resources")),
     ("checks.model", ("checks.model",)),
     ("checks.profiles", ("checks.profiles", "checks.model", "checks.resources")),
-    ("checks.report_schema", ("checks.report_schema", "checks.model", "checks.resources")),
+    ("checks.report_schema", ("checks.report_schema", "checks.model", "checks.resources",
+                              "checks.safeio", "checks.environment")),
     ("checks.cliutil", ()),
+    ("checks.report", ("checks.report", "checks.model", "checks.profiles", "checks.report_schema",
+                       "checks.resources", "checks.safeio", "checks.safeyaml", "checks.cliutil")),
     ("checks.render", ("checks.render", "checks.model", "checks.profiles", "checks.report_schema",
-                       "checks.fleet")),
+                       "checks.report", "checks.resources", "checks.safeio", "checks.cliutil")),
     ("checks.node", ("checks.node", "checks.hw", "checks.supervise", "checks.model", "checks.render",
-                     "checks.resources", "checks.kernlog",
+                     "checks.resources", "checks.kernlog", "checks.report", "checks.safeio",
+                     "checks.safeyaml", "checks.environment",
                      "checks.profiles", "checks.report_schema", "checks.cliutil",
                      "trainer")),
 ])
@@ -140,4 +153,30 @@ def test_the_product_never_imports_the_tools_the_wheel_leaves_out() -> None:
     tools = ("checks.docgen", "checks.devtools")
     bad = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if not _within(m, tools)
                  for d in deps if _within(d, tools))
+    assert not bad, bad
+
+
+# Processes, sockets, torch and NVML are started or opened only by the hardware layer, the
+# supervised process groups and the reference jobs (the tools the wheel leaves out aside):
+# everything else asks them, so a fixture can stand in and no child escapes supervision.
+MACHINE_LAYERS = ("checks.hw", "checks.supervise", "trainer", "checks.docgen", "checks.devtools")
+MACHINE_CALLS = {("subprocess", n) for n in ("run", "Popen", "call", "check_call", "check_output",
+                                             "getoutput")} | {("socket", "socket"),
+                                                             ("socket", "create_connection")}
+
+
+def test_only_the_machine_layers_start_processes_open_sockets_or_import_torch_and_nvml() -> None:
+    bad = []
+    for mod, path in MODULES.items():
+        if _within(mod, MACHINE_LAYERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)
+                    and (node.func.value.id, node.func.attr) in MACHINE_CALLS):
+                bad.append(f"{mod}:{node.lineno} {node.func.value.id}.{node.func.attr}")
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            bad += [f"{mod}:{node.lineno} import {n}" for n in names
+                    if n.split(".")[0] in ("torch", "pynvml")]
     assert not bad, bad

@@ -114,7 +114,7 @@ def test_local_run_routes_gpu_work_to_the_child(monkeypatch: pytest.MonkeyPatch)
 
 def test_cpu_host_figures_are_information_under_skip_and_reach_the_fleet(
         run_cli: Any, tmp_path: Any) -> None:
-    from checks.fleet import figures
+    from checks.report import figures
 
     scenario = tmp_path / "cpu.yaml"
     scenario.write_text("extends: cpu-only-healthy\nmeasurements:\n"

@@ -27,7 +27,7 @@ SWEEP_KEYS = ("min_bytes", "max_bytes", "factor", "warmup", "iters", "check_iter
 
 
 def debug_env(environ: Mapping[str, str]) -> dict[str, str]:
-    from checks.report_schema import env_value  # secret-looking names masked, as in the report
+    from checks.environment import env_value  # secret-looking names masked, as in the report
 
     return {k: env_value(k, v) for k, v in sorted(environ.items()) if k.startswith(DEBUG_ENV_PREFIXES)}
 

@@ -6,7 +6,7 @@ gb200-nvl72, gb300-nvl72; sources in their comments): `platform` hgx or nvl72,
 reach NVLink5 switches) and `nvl72` (IMEX). On any other profile these checks SKIP.
 
 The tray-level results publish what the fleet needs to compare trays of one NVLink domain
-(cluster UUID, clique ID, IMEX node list) in `details`; checks/fleet/nvl72.py reads them.
+(cluster UUID, clique ID, IMEX node list) in `details`; checks/report/nvl72.py reads them.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def nvl72_fabric(ctx: Context) -> Iterator[Result]:
     NVLink only between GPUs whose cluster UUID and clique ID both match (NVIDIA/nccl#1301).
     A GPU reporting state not_supported on an NVL72 tray is not in any NVLink domain (seen on
     GB200 trays, leptonai/gpud PR#1108) and fails. The tray's UUID and clique go into details
-    for the fleet comparison across trays (checks/fleet/nvl72.py)."""
+    for the fleet comparison across trays (checks/report/nvl72.py)."""
     section = _section(ctx)
     if section is None or section.get("platform") != "nvl72":
         yield skip(f"profile {ctx.profile.name} is not an NVL72 compute tray")

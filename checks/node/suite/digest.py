@@ -1,6 +1,6 @@
 """Same bits everywhere, on the node: every GPU computes the fixed reference (workloads/
 reference.py) and publishes its SHA-256; the fleet report compares the digests across nodes of the
-same GPU model and stack (checks/fleet/digest_groups.py)."""
+same GPU model and stack (checks/report/digest_groups.py)."""
 
 from __future__ import annotations
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from checks import profiles
-from checks.fleet import digest_groups as digests_
-from checks.fleet import figures as figs
-from checks.fleet import load as loader
-from checks.fleet import nvl72
-from checks.fleet import stragglers as strag
-from checks.fleet.findings import Drift, Finding, HostEntry, Lemon
 from checks.model import Status
+from checks.report import digest_groups as digests_
+from checks.report import figures as figs
+from checks.report import load as loader
+from checks.report import nvl72
+from checks.report import stragglers as strag
+from checks.report.findings import Drift, Finding, HostEntry, Lemon
 
 SCHEMA_VERSION = "1.1"
 HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")

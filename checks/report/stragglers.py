@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from checks.fleet.figures import Figure, GpuRef, higher_is_better
+from checks.report.figures import Figure, GpuRef, higher_is_better
 
 DEFAULT_PCT = 10.0
 WARN_FRACTION = 0.5

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from checks.fleet.figures import GpuRef
-from checks.fleet.findings import HostEntry
+from checks.report.figures import GpuRef
+from checks.report.findings import HostEntry
 
 CHECK_ID = "reference-digest"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.fleet.figures import GpuRef
+from checks.report.figures import GpuRef
 
 FINDING_KINDS = ("digest", "straggler", "drift", "lemon")
 
