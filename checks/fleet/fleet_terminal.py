@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -24,82 +26,85 @@ def _row(table: Table, *cells: str | Text) -> None:
     table.add_row(*(c if isinstance(c, Text) else plain(c) for c in cells))
 
 
+Row = list[str | Text]
+
+
+def _print(console: Console, title: str, columns: tuple[str, ...], rows: list[Row],
+           right: tuple[str, ...] = ()) -> None:
+    if not rows:
+        return
+    table = Table(title=title, expand=False)
+    for col in columns:
+        if col in right:
+            table.add_column(col, justify="right")
+        else:
+            table.add_column(col, overflow="fold")
+    for row in rows:
+        _row(table, *row)
+    console.print(table)
+
+
+def _host_rows(fleet: Fleet, verbose: bool) -> list[Row]:
+    rows: list[Row] = []
+    for h in fleet.hosts if verbose else [h for h in fleet.hosts if h.status != "PASS"]:
+        found = [" ".join(filter(None, (f.kind, f.gpu.label() if f.gpu else None, f.figure)))
+                 for f in h.findings]
+        rows.append([h.host, _status(h.status), h.profile or "", ", ".join([*h.problems, *found]),
+                     h.reason or ""])
+    return rows
+
+
+def _check_rows(fleet: Fleet) -> list[Row]:
+    rows: list[Row] = []
+    for spread in fleet.by_check:
+        where = [f"{o.host}{' ' + ','.join(o.gpus) if o.gpus else ''}: {o.message}"
+                 for o in spread.occurrences[:LISTED]]
+        if len(spread.occurrences) > LISTED:
+            where.append(f"+{len(spread.occurrences) - LISTED} more")
+        rows.append([spread.check, _status(spread.status), str(len(spread.occurrences)), "\n".join(where)])
+    return rows
+
+
+def _straggler_rows(fleet: Fleet) -> list[Row]:
+    def off_by(s: Any) -> str:
+        text = f"{s.deficit_pct:.1f} %"
+        return f"{text} (>{s.threshold_pct:g})" if s.status == "FAIL" else text
+
+    return [[s.host, s.gpu.label() if s.gpu else "host", f"{s.check}/{s.name}", f"{s.value:.4g}",
+             f"{s.median:.4g}", off_by(s), _status(s.status)] for s in fleet.stragglers]
+
+
+def _drift_rows(fleet: Fleet) -> list[Row]:
+    return [[d.host, f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host", f"{d.check}/{d.name}",
+             f"{d.value:.4g}", f"{d.baseline:.4g} ({d.baseline_kind})", f"{d.deficit_pct:.1f} %",
+             _status(d.status or "")] for d in fleet.drifts]
+
+
+def _digest_rows(fleet: Fleet) -> list[Row]:
+    odd_ones = fleet.digests.odd if fleet.digests else []
+    return [[odd.host, odd.gpu.label() if odd.gpu else "host", odd.group.label(), odd.digest[:12],
+             (odd.majority or "none")[:12], _status(odd.status)] for odd in odd_ones]
+
+
 def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
-    hosts = fleet.hosts if verbose else [h for h in fleet.hosts if h.status != "PASS"]
-    if hosts:
-        table = Table(title=f"hosts{'' if verbose else ' not passing'}", expand=False)
-        for col in ("host", "status", "profile", "checks not passed, findings", "note"):
-            table.add_column(col, overflow="fold")
-        for h in hosts:
-            found = [" ".join(filter(None, (f.kind, f.gpu.label() if f.gpu else None, f.figure)))
-                     for f in h.findings]
-            _row(table, h.host, _status(h.status), h.profile or "", ", ".join([*h.problems, *found]),
-                 h.reason or "")
-        console.print(table)
-
-    if fleet.by_check:
-        table = Table(title="checks not passed", expand=False)
-        for col in ("check", "status", "hosts", "where"):
-            table.add_column(col, overflow="fold")
-        for spread in fleet.by_check:
-            where = [f"{o.host}{' ' + ','.join(o.gpus) if o.gpus else ''}: {o.message}"
-                     for o in spread.occurrences[:LISTED]]
-            if len(spread.occurrences) > LISTED:
-                where.append(f"+{len(spread.occurrences) - LISTED} more")
-            _row(table, spread.check, _status(spread.status), str(len(spread.occurrences)),
-                          "\n".join(where))
-        console.print(table)
-
-    if fleet.stragglers:
-        table = Table(title="stragglers (below the median of their peers)", expand=False)
-        for col in ("host", "GPU", "figure", "value", "median", "off by", "status"):
-            table.add_column(col, justify="right" if col in ("value", "median", "off by") else "left")
-        for s in fleet.stragglers:
-            _row(table, s.host, s.gpu.label() if s.gpu else "host", f"{s.check}/{s.name}",
-                          f"{s.value:.4g}", f"{s.median:.4g}",
-                          f"{s.deficit_pct:.1f} % (>{s.threshold_pct:g})" if s.status == "FAIL"
-                          else f"{s.deficit_pct:.1f} %", _status(s.status))
-        console.print(table)
-
-    if fleet.drifts:
-        table = Table(title="drifting (below their own baseline)", expand=False)
-        for col in ("host", "GPU", "figure", "value", "baseline", "off by", "status"):
-            table.add_column(col, justify="right" if col in ("value", "baseline", "off by") else "left")
-        for d in fleet.drifts:
-            _row(table, d.host, f"{d.gpu.label()} {d.gpu.uuid or ''}" if d.gpu else "host",
-                          f"{d.check}/{d.name}", f"{d.value:.4g}",
-                          f"{d.baseline:.4g} ({d.baseline_kind})", f"{d.deficit_pct:.1f} %",
-                          _status(d.status or ""))
-        console.print(table)
-
-    if fleet.digests and fleet.digests.odd:
-        table = Table(title="reference digest differs from its group's majority", expand=False)
-        for col in ("host", "GPU", "group", "digest", "majority", "status"):
-            table.add_column(col, overflow="fold")
-        for odd in fleet.digests.odd:
-            _row(table, odd.host, odd.gpu.label() if odd.gpu else "host", odd.group.label(),
-                          odd.digest[:12], (odd.majority or "none")[:12], _status(odd.status))
-        console.print(table)
-
-    if fleet.lemons:
-        table = Table(title="lemons (GPUs failing run after run)", expand=False)
-        for col in ("GPU UUID", "failed runs", "hosts", "checks"):
-            table.add_column(col, overflow="fold")
-        for lemon in fleet.lemons:
-            _row(table, lemon.uuid, f"{lemon.failed_runs} of last {lemon.window}",
-                          ", ".join(lemon.hosts), ", ".join(lemon.checks))
-        console.print(table)
-
-    fabric = summarise(fleet.hosts)
-    if fabric:
-        table = Table(title="multi-node fabric: nearest NIC per GPU, NCCL transports, per-rail "
-                            "runs", expand=False)
-        for col in ("host", "rails", "transports", "rail runs"):
-            table.add_column(col, overflow="fold")
-        for row in fabric:
-            _row(table, row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-")
-        console.print(table)
-
+    _print(console, f"hosts{'' if verbose else ' not passing'}",
+           ("host", "status", "profile", "checks not passed, findings", "note"), _host_rows(fleet, verbose))
+    _print(console, "checks not passed", ("check", "status", "hosts", "where"), _check_rows(fleet))
+    _print(console, "stragglers (below the median of their peers)",
+           ("host", "GPU", "figure", "value", "median", "off by", "status"), _straggler_rows(fleet),
+           right=("value", "median", "off by"))
+    _print(console, "drifting (below their own baseline)",
+           ("host", "GPU", "figure", "value", "baseline", "off by", "status"), _drift_rows(fleet),
+           right=("value", "baseline", "off by"))
+    _print(console, "reference digest differs from its group's majority",
+           ("host", "GPU", "group", "digest", "majority", "status"), _digest_rows(fleet))
+    _print(console, "lemons (GPUs failing run after run)", ("GPU UUID", "failed runs", "hosts", "checks"),
+           [[lemon.uuid, f"{lemon.failed_runs} of last {lemon.window}", ", ".join(lemon.hosts),
+             ", ".join(lemon.checks)] for lemon in fleet.lemons])
+    _print(console, "multi-node fabric: nearest NIC per GPU, NCCL transports, per-rail runs",
+           ("host", "rails", "transports", "rail runs"),
+           [[row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-"]
+            for row in summarise(fleet.hosts)])
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")
     style = "bold red" if fleet.verdict == "FAIL" else "bold green"
     console.print(plain(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}",

@@ -135,7 +135,7 @@ def test_the_fleet_survives_every_bad_report_in_every_output(tmp_path, reports, 
     out = tmp_path / "out"
     code = main(["report", str(tmp_path / "run"), "--no-history", "--json", str(out / "f.json"),
                  "--html", str(out / "f.html"), "--junit", str(out / "f.xml"),
-                 "--prometheus-dir", str(out / "prom"), "-v"])
+                 "--prometheus-dir", str(out / "prom"), "--prometheus-host-files", "-v"])
     printed = capsys.readouterr()
     assert code == 1, printed.err
     fleet = _hosts(json.loads((out / "f.json").read_text()))
