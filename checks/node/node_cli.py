@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from checks import cliutil, profiles
+from checks import cliutil, profiles, render
 from checks import report_schema as report
 from checks.hw.base import Backend, HardwareError
 from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
@@ -225,69 +225,98 @@ def _provisioned(args: argparse.Namespace) -> expectations.Expectations:
         raise UsageError(str(exc)) from None
 
 
+def _plan(args: argparse.Namespace, selected: list[Any]) -> tuple[list[Any], Any, Backend | None]:
+    """The checks a --budget leaves in, its plan and the backend it counted GPUs on."""
+    if args.budget is None:
+        return selected, None, None
+    hw = make_backend(args.simulate)
+    try:
+        plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
+                           duration_s=args.duration,
+                           required=[c.id for c in selected if c.level == "quick"])
+    except budget.BudgetError as exc:
+        raise UsageError(str(exc)) from None
+    if not plan.chosen:  # nothing would run, and "no problem found" would read as PASS
+        cheapest = min((x["cost_s"] for x in plan.left_out), default=0)
+        raise UsageError(f"--budget {args.budget:g} s holds none of the selected checks "
+                         f"(the cheapest needs ~{cheapest:.0f} s)")
+    if plan.duration_s is not None:
+        args.duration = plan.duration_s
+    return [c for c in selected if c.id in plan.ids], plan, hw
+
+
+def _list(console: Console, selected: list[Any], plan: Any) -> int:
+    sizes = {c.id: f"{c.size} ~{c.cost_s:.0f}s" for c in plan.chosen} if plan else {}
+    for chk in selected:
+        console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {sizes.get(chk.id, ''):14} "
+                      f"{chk.title}", highlight=False)
+    for out in plan.left_out if plan else []:
+        console.print(f"left out: {out['id']} ({out['reason']})", highlight=False)
+    return 0
+
+
+def _options(args: argparse.Namespace, provisioned: expectations.Expectations) -> Options:
+    for flag, value in (("--expect-rdma-rate", args.expect_rdma_rate),
+                        ("--expect-rdma-nics", args.expect_rdma_nics)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
+    return Options(level=args.level, expect_gpus=_first(args.expect_gpus, provisioned.gpus),
+                   expect_driver=_first(args.expect_driver, provisioned.driver),
+                   expect_cuda=_first(args.expect_cuda, provisioned.cuda),
+                   expect_nvlink=args.expect_nvlink,
+                   duration_s=args.duration, nproc=args.nproc,
+                   extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
+                                            ("expect_rdma_nics", args.expect_rdma_nics))
+                          if v is not None})
+
+
+def _run_checks(selected: list[Any], ctx: Context, args: argparse.Namespace, err: Console) -> list[Any]:
+    if args.quiet:
+        return watchdog.run(selected, ctx)
+    if err.is_terminal:
+        with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            return watchdog.run(selected, ctx, _progress_listener(progress, len(selected)))
+    return watchdog.run(selected, ctx, _line_listener(err, len(selected)))
+
+
+def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, console: Console, err: Console) -> None:
+    if args.json == "-":
+        sys.stdout.write(__import__("json").dumps(doc, indent=2, default=str) + "\n")
+    elif not args.no_json:
+        path = report.write(doc, args.json or f"reports/{doc['host']}.json")
+        if not args.quiet:
+            err.print(f"report: {path}", highlight=False)
+    for kind in ("junit", "html", "prometheus"):
+        if getattr(args, kind):
+            render.write(kind, [doc], getattr(args, kind))
+    if not args.quiet and args.json != "-":
+        terminal.render(doc, console, verbose=args.verbose)
+
+
 def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     args.level = args.level or ("burn-in" if args.budget else "standard")
     try:
         selected = registry.select(args.level, _names(args.only), _names(args.skip))
     except KeyError as exc:
         raise UsageError(f"unknown check id or tag: {exc.args[0]} (see --list)") from None
-    plan = None
-    if args.budget is not None:
-        hw = make_backend(args.simulate)
-        try:
-            plan = budget.make([c.id for c in selected], args.budget, gpus=_gpu_count(hw),
-                               duration_s=args.duration,
-                               required=[c.id for c in selected if c.level == "quick"])
-        except budget.BudgetError as exc:
-            raise UsageError(str(exc)) from None
-        if not plan.chosen:  # nothing would run, and "no problem found" would read as PASS
-            cheapest = min((x["cost_s"] for x in plan.left_out), default=0)
-            raise UsageError(f"--budget {args.budget:g} s holds none of the selected checks "
-                             f"(the cheapest needs ~{cheapest:.0f} s)")
-        selected = [c for c in selected if c.id in plan.ids]
-        if plan.duration_s is not None:
-            args.duration = plan.duration_s
+    selected, plan, hw = _plan(args, selected)
     if args.list:
-        sizes = {c.id: f"{c.size} ~{c.cost_s:.0f}s" for c in plan.chosen} if plan else {}
-        for chk in selected:
-            console.print(f"{chk.id:24} {chk.code:8} {chk.level:8} {sizes.get(chk.id, ''):14} "
-                          f"{chk.title}", highlight=False)
-        for out in plan.left_out if plan else []:
-            console.print(f"left out: {out['id']} ({out['reason']})", highlight=False)
-        return 0
-    for flag, value in (("--expect-rdma-rate", args.expect_rdma_rate),
-                        ("--expect-rdma-nics", args.expect_rdma_nics)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{flag} must be positive, got {value:g}")
-    if plan is None:
-        hw = make_backend(args.simulate)
+        return _list(console, selected, plan)
+    provisioned = _provisioned(args)
+    options = _options(args, provisioned)
+    hw = hw or make_backend(args.simulate)
     profile = choose_profile(hw, args.profile)
     if plan is not None:
         budget.apply_overrides(profile.data, plan.profile_overrides)
         if not args.quiet:
             err.print(plan.summary(), highlight=False, markup=False, soft_wrap=True)
-    provisioned = _provisioned(args)
-    options = Options(level=args.level, expect_gpus=_first(args.expect_gpus, provisioned.gpus),
-                      expect_driver=_first(args.expect_driver, provisioned.driver),
-                      expect_cuda=_first(args.expect_cuda, provisioned.cuda),
-                      expect_nvlink=args.expect_nvlink,
-                      duration_s=args.duration, nproc=args.nproc,
-                      extra={k: v for k, v in (("expect_rdma_rate", args.expect_rdma_rate),
-                                               ("expect_rdma_nics", args.expect_rdma_nics))
-                             if v is not None})
     ctx = Context(hw, profile, options)
     ctx.selected = {chk.id for chk in selected}
     started_at = dt.datetime.now(dt.UTC).isoformat()
     t0 = time.monotonic()
-    if args.quiet:
-        outcomes = watchdog.run(selected, ctx)
-    elif err.is_terminal:
-        with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=err, transient=True) as progress:
-            outcomes = watchdog.run(selected, ctx, _progress_listener(progress, len(selected)))
-    else:
-        outcomes = watchdog.run(selected, ctx, _line_listener(err, len(selected)))
+    outcomes = _run_checks(selected, ctx, args, err)
     meta = {
         "host": socket.gethostname(), "run_id": args.run_id, "started_at": started_at,
         "duration_s": time.monotonic() - t0, "level": args.level, "backend": hw.name,
@@ -302,27 +331,7 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     if plan is not None:
         meta["options"]["budget"] = plan.to_dict()
     doc = report.build(outcomes, meta=meta)
-    if args.json == "-":
-        sys.stdout.write(__import__("json").dumps(doc, indent=2, default=str) + "\n")
-    elif not args.no_json:
-        path = report.write(doc, args.json or f"reports/{meta['host']}.json")
-        if not args.quiet:
-            err.print(f"report: {path}", highlight=False)
-    # Imported when asked for: together they cost a health check ~0.3 CPU s of imports.
-    if args.junit:
-        from checks.render import junit
-
-        junit.write([doc], args.junit)
-    if args.html:
-        from checks.render import html
-
-        html.write([doc], args.html)
-    if args.prometheus:
-        from checks.render import prometheus
-
-        prometheus.write([doc], args.prometheus)
-    if not args.quiet and args.json != "-":
-        terminal.render(doc, console, verbose=args.verbose)
+    _write_outputs(doc, args, console, err)
     return int(doc["exit_code"])
 
 

@@ -4,6 +4,7 @@ in the report; the Slurm health check passes its budget on."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -158,10 +159,10 @@ def test_a_smaller_size_reaches_the_check(run_cli) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     # One check would fit, and the run would have said PASS having looked at nothing else.
-    (["--budget", "1s"], "--budget 1 s is too small: the 40 quick-level checks (the node's "
-                         "health) need ~40 s here; give at least --budget 40s"),
-    (["--budget", "30s", "--level", "quick"], "need ~40 s here"),
-    (["--budget", "1s", "--only", "gpu-matmul"], "--budget 1 s holds none of the selected checks"),
+    (["--budget", "1s"], r"--budget 1 s is too small: the \d+ quick-level checks \(the node's "
+                         r"health\) need ~\d+ s here; give at least --budget \d+s"),
+    (["--budget", "30s", "--level", "quick"], r"need ~\d+ s here"),
+    (["--budget", "1s", "--only", "gpu-matmul"], r"--budget 1 s holds none of the selected checks"),
 ], ids=["health-checks-left-out", "quick-level", "nothing-fits"])
 def test_a_budget_too_small_for_the_health_checks_is_a_usage_error(argv, message, capsys,
                                                                    tmp_path) -> None:
@@ -169,7 +170,7 @@ def test_a_budget_too_small_for_the_health_checks_is_a_usage_error(argv, message
     code = cli.main(["--simulate", "cpu-only-healthy", *argv, "--json", str(report), "-q"])
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and re.search(message, err), err
     assert not report.exists()
 
 
