@@ -90,7 +90,7 @@ class TorchInfo:
     error: str | None = None
 
 
-# --- RDMA fabric (issue 11). Read by checks/hw/rdma.py from /sys/class/infiniband. ---------
+# --- RDMA fabric. Read by checks/hw/rdma.py from /sys/class/infiniband. ---------
 @dataclass(frozen=True)
 class RdmaPort:
     """One port of an RDMA device as sysfs (and ibv_devinfo, for the MTU) describes it."""
@@ -307,7 +307,7 @@ class Backend(abc.ABC):
         """DMI product name (/sys/class/dmi/id/product_name), None when the firmware gives none."""
         return None
 
-    # --- RDMA fabric and GPUDirect (issue 11; checks/node/suite/fabric.py) ------------------------
+    # --- RDMA fabric and GPUDirect (checks/node/suite/fabric.py) ------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
         """RDMA devices (/sys/class/infiniband); [] when there are none. HardwareError when the
         class directory exists but cannot be read."""

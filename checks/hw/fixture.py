@@ -38,12 +38,12 @@ from checks.hw.base import (
 SCENARIO_DIR = resources.data("scenarios")
 TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
             "nvswitches", "torch", "measurements",
-            "rdma"}  # issue 11: RDMA devices (see _rdma_devices)
+            "rdma"}  # RDMA devices (see _rdma_devices)
 HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
              "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env",
              "virtualization", "container", "device_nodes", "fabric_manager_version",
              "imex_nodes", "dmi_product",
-             # issue 11: /sys/kernel/mm/memory_peers entries, ACS control per bridge address,
+             # /sys/kernel/mm/memory_peers entries, ACS control per bridge address,
              # network interface names
              "memory_peers", "acs", "net_interfaces",
              # perftest's ib_write_bw: {path, cuda} (absent: not installed); its recorded output
@@ -481,7 +481,7 @@ class FixtureBackend(Backend):
         value = self._host.get("dmi_product")
         return None if value is None else str(value)
 
-    # --- RDMA fabric and GPUDirect (issue 11) ----------------------------------------------
+    # --- RDMA fabric and GPUDirect -------------------------------------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
         """Scenario form: rdma: {devices: [{name, fw_ver, hca_type, pci_address, numa_node,
         pci_path, ports: [{port, state, phys_state, rate: "400 Gb/sec (4X NDR)", link_layer,

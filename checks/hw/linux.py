@@ -236,7 +236,7 @@ class LinuxBackend(Backend):
     def dmi_product(self) -> str | None:
         return _read(DMI / "product_name") or None
 
-    # --- RDMA fabric and GPUDirect (issue 11) ----------------------------------------------
+    # --- RDMA fabric and GPUDirect -------------------------------------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
         from checks.hw import rdma
 

@@ -268,7 +268,7 @@ class Recorder:
                                      {"rc": run.returncode, "stdout": run.stdout,
                                       "stderr": run.stderr})
 
-    # -- RDMA fabric (issue 11) ---------------------------------------------------------------
+    # -- RDMA fabric --------------------------------------------------------------------------
     def rdma(self, host: dict[str, Any]) -> Any:
         """`rdma:` devices as the scenario writes them, and host.acs for the bridges above the
         GPUs and the RDMA devices (read only where there are RDMA devices: it needs root)."""

@@ -109,7 +109,7 @@ def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
     assert st["pci-gpus"] == "SKIP" and st["ecc-errors"] == "SKIP"
     assert st["shm-size"] == "PASS" and st["os-supported"] == "PASS"
     reasons = {c["results"][0]["message"] for c in report["checks"] if c["status"] == "SKIP"}
-    # The fabric checks (issue 11) skip for their own reason: no RDMA device on this host; the
+    # The fabric checks skip for their own reason: no RDMA device on this host; the
     # host checks operators' suites run skip for theirs: this scenario describes no disks, no
     # swap state and no ipmitool.
     from checks.node.suite.bmc import NO_IPMITOOL
