@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Verify that this host can train with PyTorch on its NVIDIA GPUs.",
         epilog="Exit status: 0 all checks PASS/WARN/SKIP, 1 any FAIL or ERROR, 2 bad usage or "
                "configuration, 128+N stopped by signal N (130 SIGINT, 143 SIGTERM). "
-               "Docs: README.md (checks, scenario format, report schema). "
+               "Docs: docs/checks.md (options, every check), docs/scenarios.md (scenario "
+               "format), docs/report.md (report schema). "
                "`python -m checks record FILE` writes this machine as a scenario "
                "(docs/recording.md).")
     p.add_argument("--level", choices=registry.LEVELS, default=None,
