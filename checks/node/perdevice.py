@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from checks.hw.base import GpuLost, HardwareError, NotSupported
 from checks.model import Result, error, fail, skip
 from checks.node.context import Context, Gpu
+from checks.node.remedies import GPU_LOST
 
-REMEDY_LOST = ("the GPU stopped answering (fell off the bus): drain the node, check the kernel "
-               "log for XID 79, reseat or RMA the GPU")
+REMEDY_LOST = GPU_LOST  # one remedy for a lost GPU, whichever check sees it
 
 
 def each_gpu(ctx: Context, measure: Callable[[Gpu], Result | list[Result]]) -> Iterator[Result]:

@@ -11,6 +11,7 @@ from checks.hw.base import HardwareError, NvmlUnavailable
 from checks.model import Device, Result, error, fail, passed, skip, warn
 from checks.node.context import Context
 from checks.node.registry import check
+from checks.node.remedies import GPU_LOST
 
 NO_GPU = "no NVIDIA device on the PCI bus"
 REMEDY_DRIVER = ("install the NVIDIA driver (`make provision`), then reboot so the kernel module "
@@ -76,9 +77,7 @@ def gpu_profile(ctx: Context) -> Result:
                   value=profile.name)
 
 
-REMEDY_LOST = ("the GPU stopped answering (fell off the bus): drain the node, look for XID 79 "
-               "on this address in the kernel log, reset the GPU (nvidia-smi -r) or reboot; if it "
-               "recurs, reseat or RMA it (quote its serial)")
+REMEDY_LOST = GPU_LOST
 REMEDY_HIDDEN = ("in a Slurm job request GPUs (--gres=gpu:N or --gpus=N); elsewhere unset "
                  "CUDA_VISIBLE_DEVICES or list the GPUs to verify")
 

@@ -13,6 +13,7 @@ from checks.kernlog import xid_policy
 from checks.model import Device, Result, fail, passed, warn
 from checks.node.context import Context
 from checks.node.registry import check
+from checks.node.remedies import GPU_LOST
 from checks.node.suite.kernel_errors import BDF, HEX, NEEDS, bounded, find, gpu_device, kernel_log, log_source
 
 # --- xid-events -----------------------------------------------------------------------------
@@ -112,8 +113,7 @@ def _action_remedy(name: str) -> str:
 
 REMEDY_HW = ("drain the node; reset the GPU (nvidia-smi -r -i N) or reboot as NVIDIA's XID "
              "catalogue directs, re-verify; if it recurs, RMA (quote the serial)")
-REMEDY_FELL_OFF = ("the GPU left the PCIe bus: drain and reboot the node (a GPU reset cannot reach "
-                   "it), check the pcie-aer result for this slot, reseat or RMA if it recurs")
+REMEDY_FELL_OFF = GPU_LOST
 REMEDY_SW = ("usually a job fault (bad memory access, killed process); look at the job that ran "
              "at that time")
 
