@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -118,8 +119,8 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
     if name in _seen:
         raise ProfileError(f"profile {name}: 'extends' loops")
     try:
-        stat = path.stat()
-        data = copy.deepcopy(_parse(path, stat.st_mtime_ns, stat.st_size, name))
+        stat = Path(str(path)).stat()  # installed from a wheel: plain files on disk
+        data = copy.deepcopy(_parse(str(path), stat.st_mtime_ns, stat.st_size, name))
     except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     parent = data.pop("extends", None)
@@ -130,11 +131,11 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
 
 
 @functools.lru_cache(maxsize=256)
-def _parse(path: Any, _mtime_ns: int, _size: int, name: str) -> Any:
+def _parse(path: str, _mtime_ns: int, _size: int, name: str) -> Any:
     """One profile file parsed and validated once per process (and again when it changes)."""
     # The profiles ship with the package (not user input, unlike scenarios, which go through
     # checks/safeyaml.py): libyaml's safe loader, the schema and a finite-number check.
-    data = yaml.load(path.read_text(), Loader=_LOADER)
+    data = yaml.load(Path(path).read_text(), Loader=_LOADER)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must be a mapping")
     bad = _not_finite(data)

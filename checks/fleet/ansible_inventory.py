@@ -62,7 +62,7 @@ def hosts(path: str | Path, timeout_s: float = 120.0, group: str | None = None) 
         names.update(data.get("_meta", {}).get("hostvars", {}))
         groups = [g for g in data if g != "_meta"]
     else:
-        groups, seen = [group], set()
+        groups, seen = [group], set[str]()
         while len(seen) < len(groups):  # the group and its children, transitively
             name = groups[len(seen)]
             seen.add(name)

@@ -8,8 +8,9 @@ The format is documented in README.md ("Scenario files"). A scenario may `extend
 from __future__ import annotations
 
 import copy
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -283,8 +284,9 @@ def _kernel_sources(spec: dict[str, Any]) -> list[str]:
                                            str(value.get("stdout", "")), str(value.get("stderr", "")))
         return kernlog.journal_answer(proc) if kind == "journalctl" else kernlog.dmesg_answer(proc)
 
-    return kernlog.chain([(f"{k} (scenario)", lambda k=k: answer(k))
-                          for k in ("journalctl", "dmesg", "kmsg")])
+    sources: list[tuple[str, Callable[[], Any]]] = [
+        (f"{k} (scenario)", functools.partial(answer, k)) for k in ("journalctl", "dmesg", "kmsg")]
+    return kernlog.chain(sources)
 
 
 class FixtureGpu(GpuHandle):

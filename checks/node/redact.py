@@ -56,7 +56,7 @@ def redact_cmdline(line: str) -> str:
 def mask_cmdline_secrets(line: str) -> str:
     """A kernel command line with the value of every secret-looking parameter (vault_token=...)
     masked; applied to every recording, redacted or not."""
-    from checks.report_schema import MASKED, SECRET_NAME
+    from checks.environment import MASKED, SECRET_NAME
 
     m = CMDLINE_RE.match(line)
     if not m:
