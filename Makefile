@@ -50,8 +50,10 @@ TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
 	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(ARGS)
 
+# ruff (style, imports, complexity over 15: pyproject.toml), mypy over the product, ansible-lint
 lint: $(DEV_DEPS)
 	$(VENV)/bin/ruff check checks trainer tests benchmarks
+	$(VENV)/bin/mypy checks trainer
 	cd playbooks && $(abspath $(VENV))/bin/ansible-lint --profile production
 
 # Never falls back to the implicit localhost: no inventory file is a usage error.

@@ -169,6 +169,37 @@ def _levels(ctx: Context) -> tuple[str, float]:
     return str(runs[level]), float(budgets[level])
 
 
+def _diagnose(ctx: Context) -> tuple[Any, str, str] | Result:
+    """Run `dcgmi diag` at the level's depth and parse it: (diag, label, run level), or the one
+    result that says why there is nothing to judge."""
+    try:
+        run_level, budget = _levels(ctx)
+    except NotSupported as exc:
+        return skip(str(exc))
+    try:
+        run = ctx.hw.dcgm_diag(run_level, budget)
+    except HardwareError as exc:
+        return error(f"dcgmi diag -r {run_level}: {exc}")
+    label = f"dcgmi diag -r {run_level}"
+    if run.timed_out:
+        return error(f"{label} did not finish within {budget:g} s (the {ctx.options.level} "
+                     "level's budget) and was killed", value=budget, unit="s",
+                     remedy="a hung diagnostic (NVIDIA/DCGM#136, #247): check nv-hostengine "
+                            "and /var/log/nvidia-dcgm/nvvs.log; the GPUs may need a reset; "
+                            "raise dcgm.timeout_s_by_level only for a known slow level")
+    try:
+        diag = parse_diag(run.stdout)
+    except DiagParseError as exc:
+        stderr = (run.stderr.strip().splitlines() or [""])[0]
+        return error(f"{label} exited {run.returncode}: {exc}" + (f"; stderr: {stderr}" if stderr
+                                                                  else ""))
+    if diag.runtime_error:
+        return error(f"{label}: DCGM runtime error: {diag.runtime_error}")
+    if not diag.results:
+        return error(f"{label} exited {run.returncode} with no test results")
+    return diag, label, run_level
+
+
 @check("dcgm-diag", code="DCGM001", title="DCGM diagnostic (dcgmi diag) within the level's budget",
        level="standard", needs=("driver-loaded",), timeout_s=3600)
 def dcgm_diag(ctx: Context) -> Iterator[Result]:
@@ -181,37 +212,11 @@ def dcgm_diag(ctx: Context) -> Iterator[Result]:
     if path is None:
         yield skip("DCGM is not installed (no dcgmi): nothing to run")
         return
-    try:
-        run_level, budget = _levels(ctx)
-    except NotSupported as exc:
-        yield skip(str(exc))
+    outcome = _diagnose(ctx)
+    if isinstance(outcome, Result):
+        yield outcome
         return
-    try:
-        run = ctx.hw.dcgm_diag(run_level, budget)
-    except HardwareError as exc:
-        yield error(f"dcgmi diag -r {run_level}: {exc}")
-        return
-    label = f"dcgmi diag -r {run_level}"
-    if run.timed_out:
-        yield error(f"{label} did not finish within {budget:g} s (the {ctx.options.level} "
-                    "level's budget) and was killed", value=budget, unit="s",
-                    remedy="a hung diagnostic (NVIDIA/DCGM#136, #247): check nv-hostengine "
-                           "and /var/log/nvidia-dcgm/nvvs.log; the GPUs may need a reset; "
-                           "raise dcgm.timeout_s_by_level only for a known slow level")
-        return
-    try:
-        diag = parse_diag(run.stdout)
-    except DiagParseError as exc:
-        stderr = (run.stderr.strip().splitlines() or [""])[0]
-        yield error(f"{label} exited {run.returncode}: {exc}" + (f"; stderr: {stderr}" if stderr
-                                                                 else ""))
-        return
-    if diag.runtime_error:
-        yield error(f"{label}: DCGM runtime error: {diag.runtime_error}")
-        return
-    if not diag.results:
-        yield error(f"{label} exited {run.returncode} with no test results")
-        return
+    diag, label, run_level = outcome
     devices = _devices(ctx)
     tests = table()["tests"]
     skipped_status = Status(str(ctx.profile.require("dcgm.skipped_status")).upper())
