@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import gc
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -89,7 +89,7 @@ def fsdp_dcp(env: DistEnv, cfg: TrainConfig, initial: nn.Module, data: Any, dtyp
     """(uninterrupted, resumed) full parameters of the FSDP2 run with a DCP checkpoint."""
     half, path = cfg.steps // 2, where / "fsdp-dcp"
     mesh = init_device_mesh(env.device.type, (env.world_size,))
-    model = fsdp.shard(copy.deepcopy(initial).to(env.device, dtype), mesh)
+    model = fsdp.shard(cast(nn.Sequential, copy.deepcopy(initial).to(env.device, dtype)), mesh)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     _steps(env, model, opt, data, 0, half, cfg, "fsdp")
     env.beat(f"{NAME}/dcp-save")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.data import TeacherDataset
 from trainer.distenv import DistEnv
@@ -171,10 +172,8 @@ def saw_only(name: str, seen: list[dict[str, Any]], key: str, want: str) -> Comp
                  f"rank {bad[0][0]} saw {', '.join(bad[0][1]) or 'no forward'}, not {want}")
 
 
-def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> nn.Module:
+def ddp(module: nn.Module, env: DistEnv, **kw: Any) -> DistributedDataParallel:
     """DDP over a group of its own (the job's collectives never mix with the control group)."""
-    from torch.nn.parallel import DistributedDataParallel
-
     return DistributedDataParallel(module, device_ids=[env.device] if env.is_cuda else None,
                                    process_group=env.new_group(), **kw)
 

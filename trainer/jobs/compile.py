@@ -22,9 +22,10 @@ from __future__ import annotations
 import copy
 import gc
 import shutil
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from trainer.config import TrainConfig
 from trainer.distenv import DistEnv
@@ -92,13 +93,13 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     module = copy.deepcopy(initial).to(env.device, dtype)
     backend = CountingBackend(cfg.compile_backend)
     if cfg.control("compile-outer"):
-        model = torch.compile(common.ddp(module, env), backend=backend)
+        model = cast(nn.Module, torch.compile(common.ddp(module, env), backend=backend))
     elif cfg.control("compile-eager"):
         compiled = torch.compile(module, backend=backend)
         compiled(data.x[:b].to(env.device, dtype))  # compiles once, then is left aside
         model = common.ddp(module, env)
     else:
-        model = common.ddp(torch.compile(module, backend=backend), env)
+        model = common.ddp(cast(nn.Module, torch.compile(module, backend=backend)), env)
     env.beat(f"{NAME}/compile-and-train")  # the first step compiles (seconds, per rank)
     losses = common.ddp_train(env, model, data, cfg.steps, b, cfg.lr, cfg.momentum, NAME,
                               cfg.beats_at)
@@ -142,9 +143,10 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
                if cfg.control("compile-outer") else "DDP(torch.compile(model))",
                "tolerances": {"rtol": COMPILE_TOL[0], "atol": COMPILE_TOL[1]},
                "band_rel": COMPILE_BAND}
+    fewest_graphs = min(cast(list[int], details['graphs_per_rank']))
     return JobReport.judge(NAME, comparisons,
                            f"DDP over torch.compile ({cfg.compile_backend}) on {world} ranks "
                            f"equals eager within rtol {COMPILE_TOL[0]:g} (max abs diff "
-                           f"{comparisons[2].max_abs:.2g}); {min(details['graphs_per_rank'])}+ "
+                           f"{comparisons[2].max_abs:.2g}); {fewest_graphs}+ "
                            "graph(s) per rank, compiled code ran every step; replicas identical",
                            details=details)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,8 +41,9 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     world, b = env.world_size, cfg.batch_size
     n = dataset_size(world, b, cfg.steps_per_epoch)
     data = TeacherDataset(n, (16,), 4, seed=cfg.seed, dtype=dtype)
-    sampler = DistributedSampler(data, num_replicas=world, rank=env.rank, shuffle=True,
-                                 seed=cfg.seed, drop_last=not cfg.control("pad-indices"))
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=world, rank=env.rank, shuffle=True, seed=cfg.seed,
+        drop_last=not cfg.control("pad-indices"))
     loader = DataLoader(data, batch_size=b, sampler=sampler)
 
     env.beat(f"{NAME}/setup")

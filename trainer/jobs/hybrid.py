@@ -62,8 +62,8 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     batch = micro_batches * cfg.batch_size  # per replica
     n = dataset_size(replicas, batch, cfg.steps_per_epoch)
     data = TeacherDataset(n, (D_IN,), D_OUT, seed=cfg.seed, dtype=dtype)
-    sampler = DistributedSampler(data, num_replicas=replicas, rank=replica, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=replicas, rank=replica, shuffle=True, seed=cfg.seed, drop_last=True)
     loader = DataLoader(data, batch_size=batch, sampler=sampler)
 
     env.beat(f"{NAME}/setup")

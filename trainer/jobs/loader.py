@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,7 +79,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
                           seed=cfg.seed, dtype=dtype)
     no_sampler = cfg.control("loader-no-sampler")
     workers = 0 if cfg.control("loader-no-workers") else WORKERS
-    sampler = None if no_sampler else DistributedSampler(
+    sampler: DistributedSampler[Any] | None = None if no_sampler else DistributedSampler(
         data, num_replicas=world, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
     loader = DataLoader(WorkerTagged(data), batch_size=b, sampler=sampler, shuffle=no_sampler,
                         drop_last=no_sampler, num_workers=workers, persistent_workers=workers > 0,

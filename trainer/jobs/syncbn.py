@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import gc
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -34,6 +34,12 @@ from trainer.data import TeacherDataset
 from trainer.distenv import DistEnv, StepTimer
 from trainer.models import D_OUT, IMAGE, conv_bn_net, params_of, unwrap_names
 from trainer.report import JobReport, compare, identical
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    """The gradient the backward pass just wrote (every tensor here requires one)."""
+    assert t.grad is not None, "backward left no gradient"
+    return t.grad
 
 NAME = "syncbn"
 # fp32: measured BN-gradient differences ~6e-6 on values of order 1-10; float64 ~1e-14.
@@ -58,7 +64,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
 
     env.beat(f"{NAME}/setup")
     torch.manual_seed(cfg.seed)
-    net = conv_bn_net().to(env.device, dtype)
+    net: nn.Module = conv_bn_net().to(env.device, dtype)
     initial = copy.deepcopy(net).cpu()
     bn_group = env.new_group()
     ddp_group = env.new_group()
@@ -89,9 +95,9 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
         loss = nn.functional.mse_loss(out, y, reduction="sum") * (world / (total * D_OUT))
         loss.backward()
         if step == 0:
-            first = {"output": out.detach().cpu(), "input_grad": x.grad.detach().cpu(),
-                     "bn.weight.grad": bn["1.weight"].grad.detach().cpu(),
-                     "bn.bias.grad": bn["1.bias"].grad.detach().cpu()}
+            first = {"output": out.detach().cpu(), "input_grad": _grad(x).detach().cpu(),
+                     "bn.weight.grad": _grad(bn["1.weight"]).detach().cpu(),
+                     "bn.bias.grad": _grad(bn["1.bias"]).detach().cpu()}
         opt.step()
     timer.stop()
     env.beat(f"{NAME}/gather")
@@ -147,9 +153,10 @@ def _reference(initial: nn.Module, data: TeacherDataset, cfg: TrainConfig, total
         out = model(x)
         nn.functional.mse_loss(out, data.y[rows].to(device)).backward()
         if step == 0:
-            first = {"output": out.detach().cpu(), "input_grad": x.grad.detach().cpu(),
-                     "bn.weight.grad": model[1].weight.grad.detach().cpu(),
-                     "bn.bias.grad": model[1].bias.grad.detach().cpu()}
+            bn_layer = cast(nn.BatchNorm2d, cast(nn.Sequential, model)[1])
+            first = {"output": out.detach().cpu(), "input_grad": _grad(x).detach().cpu(),
+                     "bn.weight.grad": _grad(bn_layer.weight).detach().cpu(),
+                     "bn.bias.grad": _grad(bn_layer.bias).detach().cpu()}
         opt.step()
     timer.stop()
     return first, params_of(model), timer.samples_per_s(total)
