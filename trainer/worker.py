@@ -37,7 +37,9 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
             pg_timeout_s: float) -> dict[str, dict[str, Any]]:
     env = distenv.init(rank, cfg.device, pg_timeout_s)
-    cfg = cfg.sized(env.is_cuda)
+    # auto = large only over NCCL: ranks sharing one GPU over gloo would copy 269 MB of
+    # gradients through the host every step
+    cfg = cfg.sized(env.is_cuda and env.backend == "nccl")
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         env.beat(f"{name}/start")
