@@ -19,9 +19,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "srun", "ip",
          "unshare", "nsenter")
@@ -32,6 +33,33 @@ _instances = itertools.count()
 
 def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def need_cluster() -> None:
+    """Skip without root (namespaces, munged, slurmd); fail when the packages are missing."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
+    missing = missing_tools()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: make test installs .ci/apt-packages.txt "
+                    "(slurmctld slurmd slurm-client munge iproute2)")
+
+
+@contextlib.contextmanager
+def local_cluster(base: Path, nodes: Sequence[str], **kw: Any) -> Iterator[SlurmCluster]:
+    """A test module's cluster: checked for, started, stopped."""
+    need_cluster()
+    with SlurmCluster(base, nodes=nodes, **kw) as cluster:
+        yield cluster
+
+
+def pointed_at(cluster: SlurmCluster, monkeypatch: Any) -> SlurmCluster:
+    """One test's view: every node idle again, and the helpers' sinfo/scontrol talk to it."""
+    cluster.reset()
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    return cluster
 
 
 def _free_port() -> int:

@@ -5,7 +5,6 @@ sinfo/scontrol calls go to that cluster; what is asserted is the state Slurm rep
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,35 +20,22 @@ from checks.devtools.synthetic import Broken
 from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, missing_tools
+from slurmcluster import SlurmCluster, local_cluster, need_cluster, pointed_at
 
 NODES = ("gpu07", "gpu11", "n1")
 ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
 ECC_REASON = "NODECERT: GPU002 ecc-errors GPU5: 2 volatile uncorrectable ECC errors"
 
 
-def _need_cluster() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
-    missing = missing_tools()
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: make test installs .ci/apt-packages.txt "
-                    "(slurmctld slurmd slurm-client munge iproute2)")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
-    _need_cluster()
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as c:
+    with local_cluster(tmp_path_factory.mktemp("slurm"), NODES) as c:
         yield c
 
 
 @pytest.fixture()
 def slurm_env(cluster, monkeypatch) -> SlurmCluster:
-    """The helper's sinfo/scontrol talk to the test cluster; every node starts idle."""
-    cluster.reset()
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    return cluster
+    return pointed_at(cluster, monkeypatch)
 
 
 def _report(tmp_path: Path, base: dict[str, Any], broken: list[Broken] = ()) -> Path:
@@ -194,7 +180,7 @@ def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 def test_slurmd_runs_the_health_check_drains_and_resumes(tmp_path) -> None:
     """slurm.conf names our wrapper as HealthCheckProgram; slurmd itself calls it. A fault
     injected through the scenario drains the node with the fault code; repaired, it resumes."""
-    _need_cluster()
+    need_cluster()
     scenario = tmp_path / "node-state.yaml"
     scenario.symlink_to(Path(slurm.__file__).resolve().parents[1] / "scenarios" / "fault-xid-79.yaml")
     wrappers, state = tmp_path / "bin", tmp_path / "state"
@@ -215,7 +201,7 @@ def test_slurmd_runs_the_health_check_drains_and_resumes(tmp_path) -> None:
 
 
 def test_prolog_refuses_a_job_on_a_node_whose_last_verdict_failed(tmp_path) -> None:
-    _need_cluster()
+    need_cluster()
     wrappers, state = tmp_path / "bin", tmp_path / "state"
     out = tmp_path / "job.out"
     job = tmp_path / "job.sh"

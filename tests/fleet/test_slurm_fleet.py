@@ -5,7 +5,6 @@ fleet findings, naming the finding, no more than the guard allows per partition.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from checks.fleet import fleet_cli, slurm
 from checks.hw.measure import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, missing_tools
+from slurmcluster import SlurmCluster, local_cluster, pointed_at
 
 NODES = tuple(synthetic.host_name(i) for i in range(6))
 GOOD, BAD = "9" * 64, "b" * 64
@@ -30,19 +29,13 @@ SLOW = Slow("node0002", "matmul_bf16_tflops", 0.80, gpu=3)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
-    if os.geteuid() != 0:
-        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
-    if missing_tools():
-        pytest.fail(f"missing {', '.join(missing_tools())}: make test installs .ci/apt-packages.txt")
-    with SlurmCluster(tmp_path_factory.mktemp("fleetslurm"), nodes=NODES, cpus=1) as c:
+    with local_cluster(tmp_path_factory.mktemp("fleetslurm"), NODES, cpus=1) as c:
         yield c
 
 
 @pytest.fixture()
 def slurm_env(cluster, monkeypatch) -> SlurmCluster:
-    cluster.reset()
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    return cluster
+    return pointed_at(cluster, monkeypatch)
 
 
 def _with_digests(report: dict[str, Any], bad_gpu: int | None = None) -> dict[str, Any]:

@@ -23,20 +23,12 @@ import pytest
 from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, missing_tools
+from slurmcluster import SlurmCluster, need_cluster
 
 NODES = ("hc1", "hc2", "hc3")
 SCENARIOS = Path(slurm.__file__).resolve().parents[1] / "scenarios"
 ROLES = {"HealthCheckProgram": "nodecert-healthcheck", "Prolog": "nodecert-prolog",
          "Epilog": "nodecert-epilog"}
-
-
-def _need_cluster() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
-    missing = missing_tools()
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: make test installs .ci/apt-packages.txt")
 
 
 def _mount(*args: str) -> None:
@@ -47,7 +39,7 @@ def _mount(*args: str) -> None:
 def mounts(tmp_path_factory) -> Iterator[dict[str, Path]]:
     """A read-only state directory and a 16 KiB one (a report is ~70 KB), mounted before slurmd
     starts: each node's mount namespace is a private copy taken then."""
-    _need_cluster()
+    need_cluster()
     base = tmp_path_factory.mktemp("mounts")
     ro, full = base / "readonly", base / "full"
     ro.mkdir()

@@ -20,7 +20,7 @@ from checks.devtools.synthetic import Broken
 from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, missing_tools
+from slurmcluster import SlurmCluster, local_cluster, pointed_at
 
 NODES = ("t1", "t2")
 ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
@@ -30,19 +30,13 @@ HOSTILE = ["t[1-2]", "ALL", "all", "t1,t2", "t1 t2", "t1\n", "t1\x07", " t1", "-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
-    if os.geteuid() != 0:
-        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
-    if missing_tools():
-        pytest.fail(f"missing {', '.join(missing_tools())}: make test installs .ci/apt-packages.txt")
-    with SlurmCluster(tmp_path_factory.mktemp("trust"), nodes=NODES) as c:
+    with local_cluster(tmp_path_factory.mktemp("trust"), NODES) as c:
         yield c
 
 
 @pytest.fixture()
 def slurm_env(cluster, monkeypatch) -> SlurmCluster:
-    cluster.reset()
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    return cluster
+    return pointed_at(cluster, monkeypatch)
 
 
 def _report(tmp_path: Path, base: dict[str, Any], host: str, broken: list[Broken] = ()) -> Path:
