@@ -307,7 +307,7 @@ class Backend(abc.ABC):
         """DMI product name (/sys/class/dmi/id/product_name), None when the firmware gives none."""
         return None
 
-    # --- RDMA fabric and GPUDirect (checks/node/suite/fabric.py) ------------------------
+    # --- RDMA fabric and GPUDirect (checks/node/suite/fabric_*.py) ------------------------
     def rdma_devices(self) -> list[RdmaDevice]:
         """RDMA devices (/sys/class/infiniband); [] when there are none. HardwareError when the
         class directory exists but cannot be read."""

@@ -144,7 +144,7 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
 
 
 def _rdma_ports_up() -> tuple[str, ...]:
-    from checks.node.suite.fabric import active_ports
+    from checks.node.suite.fabric_links import active_ports
 
     try:
         return active_ports(_hardware().rdma_devices())
@@ -156,7 +156,7 @@ def transport_verdict(result: Result, log: Any, rdma_up: tuple[str, ...]) -> Res
     """A cross-host collective that finished is still a FAIL when it moved over TCP sockets
     while RDMA ports are up, or over IB without GPUDirect RDMA; an unreadable log is an ERROR.
     The transports go into the details (the fleet report lists them per host)."""
-    from checks.node.suite.fabric import TransportExpectation, judge_transport
+    from checks.node.suite.fabric_transport import TransportExpectation, judge_transport
 
     verdict = judge_transport(log, TransportExpectation(cross_host=True, rdma_up=rdma_up,
                                                         nvlink=False, nvls=False))

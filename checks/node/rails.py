@@ -88,7 +88,7 @@ def nearest_gpu(hw: Any, hca: str) -> int | None:
     """CUDA ordinal (PCI bus order) of the GPU nearest to an RDMA device by the PCI topology
     (same PCIe switch, else same NUMA node: the rails map of check rdma-rails); None when the
     device or no GPU is found; of equally near GPUs the lowest ordinal."""
-    from checks.node.suite.fabric import AFFINITY_RANK, affinity
+    from checks.node.suite.fabric_links import AFFINITY_RANK, affinity
 
     gpus = sorted((d for d in hw.pci_devices() if d.is_nvidia_gpu), key=lambda d: d.address)
     nics = {d.name: d for d in hw.rdma_devices()}

@@ -1,4 +1,4 @@
-"""Multi-node readiness checks (checks/node/suite/fabric.py) through the CLI on the fabric-* scenarios,
+"""Multi-node readiness checks (checks/node/suite/fabric_*.py) through the CLI on the fabric-* scenarios,
 unit cases on in-memory scenarios, and the sysfs reader (checks/hw/rdma.py) on a fake tree."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from checks.hw.base import HardwareError
 from checks.hw.fixture import FixtureBackend, load_scenario
 from checks.model import Status
 from checks.node.context import Context, Options
-from checks.node.suite import fabric
+from checks.node.suite import fabric_links, fabric_paths, fabric_transport
 from checks.profiles import load
 
 FABRIC = ("rdma-ports", "rdma-firmware", "rdma-counters", "rdma-rails", "gpudirect-rdma",
@@ -39,7 +39,9 @@ def run_checks(scenario: dict[str, Any], profile: str = "h100-sxm",
     ctx = Context(hw, load(profile), Options(level="quick", extra=extra))
     out = {}
     for name in FABRIC:
-        produced = getattr(fabric, name.replace("-", "_"))(ctx)
+        fn = name.replace("-", "_")
+        module = next(m for m in (fabric_links, fabric_paths, fabric_transport) if hasattr(m, fn))
+        produced = getattr(module, fn)(ctx)
         out[name] = produced if isinstance(produced, list) else [produced]
     return out
 
@@ -211,7 +213,7 @@ def test_unreadable_rdma_class_is_an_error_not_a_skip(imbue) -> None:
     hw = FixtureBackend(imbue)
     ctx = Context(hw, load("h100-sxm"), Options(level="quick"))
     with pytest.raises(HardwareError):
-        fabric.rdma_ports(ctx)  # the runner turns this into ERROR "could not measure"
+        fabric_links.rdma_ports(ctx)  # the runner turns this into ERROR "could not measure"
 
 
 @pytest.mark.parametrize("env,expected,words", [

@@ -113,7 +113,7 @@ def test_cpu_only_host_skips_gpu_checks_with_reason(run_cli) -> None:
     # host checks operators' suites run skip for theirs: this scenario describes no disks, no
     # swap state and no ipmitool.
     from checks.node.suite.bmc import NO_IPMITOOL
-    from checks.node.suite.fabric import NO_RDMA
+    from checks.node.suite.fabric_links import NO_RDMA
     from checks.node.suite.storage import NO_PATHS
 
     assert reasons == {"no NVIDIA device on the PCI bus", NO_RDMA, NO_IPMITOOL, NO_PATHS,

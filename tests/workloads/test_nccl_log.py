@@ -10,7 +10,7 @@ import pytest
 from checks.hw.measure import nccl_log
 from checks.hw.measure.nccl_log import NcclLog, parse, parse_file
 from checks.model import Status
-from checks.node.suite.fabric import TransportExpectation, judge_transport
+from checks.node.suite.fabric_transport import TransportExpectation, judge_transport
 
 LOGS = Path(__file__).parent / "nccl_logs"
 IB_UP = ("mlx5_0:1", "mlx5_1:1")

@@ -20,7 +20,7 @@ from checks.model import Device, Result, error, fail, passed, skip
 from checks.node import rules
 from checks.node.context import Context
 from checks.node.registry import check
-from checks.node.suite.fabric import NO_RDMA, compute_nics, rails_map
+from checks.node.suite.fabric_links import NO_RDMA, compute_nics, rails_map
 
 BASE_PORT = 18515  # perftest's default port; one more per pair, runs are sequential
 
