@@ -32,7 +32,7 @@ from checks.hw.base import (
 )
 from checks.hw.fixture import FixtureBackend, load_scenario, shipped
 from checks.node import node_cli as cli
-from checks.node import record
+from checks.node import record, recorder
 
 # Checks whose value moves on its own between two reads of a live GPU (not a hardware fact).
 VOLATILE = {"gpu-temperature", "clock-throttle"}
@@ -95,10 +95,10 @@ def view(hw: Backend) -> dict[str, Any]:
     """Every answer the checks can get from a backend (kernel log and environment as recorded)."""
     seen: dict[str, Any] = {name: _call(getattr(hw, name)) for name in HOST_METHODS}
     seen["module_signer"] = _call(lambda: hw.module_signer("nvidia"))
-    seen["services"] = {u: _call(lambda u=u: hw.service_state(u)) for u in record.SERVICES}
+    seen["services"] = {u: _call(lambda u=u: hw.service_state(u)) for u in recorder.SERVICES}
     seen["kernel_log"] = _call(lambda: [ln for ln in hw.kernel_log()
-                                        if record.KERNEL_LOG_RE.search(ln)])
-    seen["environ"] = record.environment(hw.environ())
+                                        if recorder.KERNEL_LOG_RE.search(ln)])
+    seen["environ"] = recorder.environment(hw.environ())
     try:
         nvml = hw.nvml()
     except NvmlUnavailable as exc:
@@ -137,7 +137,7 @@ def verdict(report: dict[str, Any], identity: bool = True) -> dict[str, Any]:
             for c in report["checks"]}
 
 
-def write_recording(hw: Backend, path: Path, **kw: Any) -> record.Recording:
+def write_recording(hw: Backend, path: Path, **kw: Any) -> recorder.Recording:
     rec = record.record(hw, host=kw.pop("host", "node-a"), **kw)
     path.write_text(record.render(rec, path.suffix))
     return rec
@@ -187,10 +187,10 @@ def test_nvlink_is_written_short_only_when_it_expands_back_exactly() -> None:
     links = [{"link": i, "active": i != 3,
               "errors": {"replay": 7 if i == 1 else 0, "recovery": 0, "crc_flit": 0}}
              for i in range(4)]
-    assert record._compact_nvlink(links) == {"links": 4, "inactive": [3],
+    assert recorder._compact_nvlink(links) == {"links": 4, "inactive": [3],
                                              "errors": {1: {"replay": 7}}}
     partial = [{"link": 0, "active": True, "errors": {"replay": 0}}]  # counters not supported
-    assert record._compact_nvlink(partial) == partial
+    assert recorder._compact_nvlink(partial) == partial
 
 
 def test_kernel_log_keeps_the_lines_that_matter_latest_last(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_kernel_log_keeps_the_lines_that_matter_latest_last(tmp_path: Path) -> N
     hw = FixtureBackend({"host": {"kernel_log": lines}, "gpus": []})
     rec = write_recording(hw, tmp_path / "k.yaml")
     kept = rec.scenario["host"]["kernel_log"]
-    assert len(kept) == record.KERNEL_LOG_MAX
+    assert len(kept) == recorder.KERNEL_LOG_MAX
     assert kept[-1].startswith("[2000.0] mlx5_core") and kept[-2].endswith("pid=999")
     assert not any("EXT4" in ln or "e1000" in ln for ln in kept)
     assert rec.notes and "of 1001 matching lines" in rec.notes[0]
@@ -293,7 +293,7 @@ gpu_defaults:
 gpu_overrides: {{2: {{uuid: "{SECRET_UUID}"}}}}
 torch: {{device_count: 2}}
 """
-PLACEHOLDERS = ("00000000-0000-0000-0000-", "REDACTED-SERIAL-", record.REDACTED_HOST)
+PLACEHOLDERS = ("00000000-0000-0000-0000-", "REDACTED-SERIAL-", recorder.REDACTED_HOST)
 
 
 def _leaves(value: Any, where: str = "") -> dict[str, Any]:
