@@ -1,22 +1,16 @@
 """A scenario file in place of the machine: the same checks run through it unchanged.
 
-The format is documented in README.md ("Scenario files"). A scenario may `extends:` another
-(a shipped name or a path relative to it); mappings merge, lists replace, and
-`gpu_overrides: {INDEX: {...}}` patches single GPUs of the inherited list.
+The file format (`extends:`, `gpu_overrides:`, every key checked) is checks/hw/scenario_file.py,
+whose names are importable from here too; docs/scenarios.md documents it.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from checks import resources, safeyaml
 from checks.hw.base import (
     GPU_FIELDS,
     Backend,
@@ -35,221 +29,16 @@ from checks.hw.base import (
     ToolRun,
     TorchInfo,
 )
-
-SCENARIO_DIR = resources.data("scenarios")
-TOP_KEYS = {"description", "extends", "host", "driver", "gpu_defaults", "gpus", "gpu_overrides",
-            "nvswitches", "torch", "measurements",
-            "rdma"}  # RDMA devices (see _rdma_devices)
-HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "shm_free_bytes",
-             "memlock", "secure_boot", "modules", "module_signers", "services", "kernel_log", "env",
-             "virtualization", "container", "device_nodes", "fabric_manager_version",
-             "imex_nodes", "dmi_product",
-             # /sys/kernel/mm/memory_peers entries, ACS control per bridge address,
-             # network interface names
-             "memory_peers", "acs", "net_interfaces",
-             # perftest's ib_write_bw: {path, cuda} (absent: not installed); its recorded output
-             # is measurements.ib_write_bw
-             "perftest",
-             # storage and swap: python_paths {venv, torch}; disks {mount point: {total_bytes,
-             # free_bytes}}; swaps [{name, type, size_bytes, used_bytes}] or /proc/swaps text;
-             # BMC: ipmitool {device, sdr, sel_elist}; DCGM: dcgm {path, diag}. See
-             # FixtureBackend.disk_usage and _tool_answer for the forms.
-             "python_paths", "disks", "swaps", "ipmitool", "dcgm"}
-DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
-# Per-GPU keys that describe the PCI side rather than NVML answers.
-GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
-TORCH_KEYS = {"version", "cuda", "cuda_available", "device_count", "arch_list", "nccl", "cudnn",
-              "error", "capabilities", "device_names"}
-# An `nvswitches:` entry is an address, or a mapping with the PCI facts of that switch.
-NVSWITCH_KEYS = {"address", "pci_device_id", "numa_node", "link", "pci_path"}
-NVML_KINDS = {"ok", "library_missing", "driver_not_loaded", "bindings_missing", "init_failed",
-              "no_permission"}
-NVSWITCH_DEVICE_ID = 0x22A3
-RDMA_DEVICE_KEYS = {"name", "fw_ver", "hca_type", "pci_address", "numa_node", "pci_path", "ports"}
-RDMA_PORT_KEYS = {"port", "state", "phys_state", "rate", "link_layer", "gids", "active_mtu",
-                  "netdev", "counters"}
-
-
-class ScenarioError(Exception):
-    """The scenario file is malformed; the message is one line naming the file and the problem."""
-
-
-def resolve(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (SCENARIO_DIR / name_or_path, SCENARIO_DIR / f"{name_or_path}.yaml"):
-        if candidate.is_file():
-            return Path(str(candidate))
-    raise ScenarioError(f"scenario {name_or_path!r}: no such file or shipped scenario "
-                        f"(shipped: {', '.join(shipped())})")
-
-
-def shipped() -> list[str]:
-    return resources.stems("scenarios")
-
-
-def _merge(base: Any, over: Any) -> Any:
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
-        return out
-    return copy.deepcopy(over)
-
-
-def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = resolve(name_or_path).resolve()
-    if path in _seen:
-        raise ScenarioError(f"{path}: 'extends' loops back to itself")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else safeyaml.load(text)
-    except RecursionError:
-        raise ScenarioError(f"{path}: cannot parse: nested too deep") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    unknown = set(data) - TOP_KEYS
-    if unknown:
-        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown, key=str)}; allowed: {sorted(TOP_KEYS)}")
-    parent = data.get("extends")
-    if parent is not None:
-        if not isinstance(parent, str):
-            raise ScenarioError(f"{path}: 'extends' must be a scenario name or path")
-        rel = path.parent / parent
-        base = load_scenario(str(rel) if rel.is_file() else parent, (*_seen, path))
-        overrides = data.pop("gpu_overrides", None)
-        data = _merge(base, {k: v for k, v in data.items() if k != "extends"})
-        if overrides is not None:
-            data["gpu_overrides"] = overrides
-    _apply_overrides(path, data)
-    _validate(path, data)
-    data["_path"] = str(path)
-    return data
-
-
-def _apply_overrides(path: Path, data: dict[str, Any]) -> None:
-    overrides = data.pop("gpu_overrides", None) or {}
-    if not isinstance(overrides, dict):
-        raise ScenarioError(f"{path}: gpu_overrides must map GPU index to fields")
-    gpus = data.get("gpus") or []
-    for key, patch in overrides.items():
-        try:
-            index = int(key)
-            gpus[index] = _merge(gpus[index], patch)
-        except (ValueError, IndexError):
-            raise ScenarioError(f"{path}: gpu_overrides index {key!r} is not one of the "
-                                f"{len(gpus)} GPUs") from None
-        except TypeError:
-            raise ScenarioError(f"{path}: gpu_overrides[{key}] must be a mapping") from None
-
-
-def _validate(path: Path, data: dict[str, Any]) -> None:
-    def check_keys(section: str, value: Any, allowed: set[str]) -> None:
-        if value is None:
-            return
-        if not isinstance(value, dict):
-            raise ScenarioError(f"{path}: '{section}' must be a mapping")
-        bad = set(value) - allowed
-        if bad:
-            raise ScenarioError(f"{path}: unknown key(s) {sorted(bad, key=str)} in '{section}'")
-
-    check_keys("host", data.get("host"), HOST_KEYS)
-    check_keys("driver", data.get("driver"), DRIVER_KEYS)
-    check_keys("torch", data.get("torch"), TORCH_KEYS)
-    gpu_keys = set(GPU_FIELDS) | GPU_PCI_KEYS
-    check_keys("gpu_defaults", data.get("gpu_defaults"), gpu_keys)
-    if not isinstance(data.get("nvswitches") or [], list):
-        raise _type_error(path, "nvswitches", data["nvswitches"], (list,))
-    for i, switch in enumerate(data.get("nvswitches") or []):
-        if isinstance(switch, dict):
-            check_keys(f"nvswitches[{i}]", switch, NVSWITCH_KEYS)
-            if not switch.get("address"):
-                raise ScenarioError(f"{path}: nvswitches[{i}] has no address")
-    _validate_rdma(path, data.get("rdma"), check_keys)
-    gpus = data.get("gpus", [])
-    if not isinstance(gpus, list):
-        raise ScenarioError(f"{path}: 'gpus' must be a list")
-    for i, gpu in enumerate(gpus):
-        check_keys(f"gpus[{i}]", gpu, gpu_keys)
-        if not (gpu or {}).get("pci_bus_id") and not (data.get("gpu_defaults") or {}).get(
-                "pci_bus_id"):
-            raise ScenarioError(f"{path}: gpus[{i}] has no pci_bus_id")
-    nvml = (data.get("driver") or {}).get("nvml", "ok")
-    if nvml not in NVML_KINDS:
-        raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
-    _validate_types(path, data)
-    for key in ("cpu_count", "shm_bytes"):
-        host = data.get("host") or {}
-        value = host.get(key)
-        failed = key == "shm_bytes" and isinstance(value, dict) and set(value) == {"error"}
-        if (key in host or value is not None) and not failed and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
-
-
-# Keys whose type the backend relies on: a wrong type is one error line naming the key, never a
-# traceback from deep inside a check. `{error: text}` and `not_supported` stay allowed wherever
-# the format allows a failed read.
-_SECTION_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
-    "host": {"env": (dict,), "os_release": (dict,), "numa_nodes": (dict,), "services": (dict,),
-             "module_signers": (dict,), "kernel": (str,), "modules": (list, dict),
-             "kernel_log": (list, dict), "imex_nodes": (list, dict), "memlock": (int, str)},
-    "driver": {"version": (str, dict), "cuda_version": (int, dict)},
-    "torch": {"device_count": (int,), "version": (str,), "cuda_available": (bool,)},
-}
-_GPU_TYPES: dict[str, tuple[type, ...]] = {
-    "link": (dict,), "pci_device_id": (int,), "pci_bus_id": (str,), "numa_node": (int,),
-    "pci_path": (list,), "name": (str, dict), "uuid": (str, dict), "serial": (str, int, dict)}
-
-
-def _type_error(path: Path, where: str, value: Any, types: tuple[type, ...]) -> ScenarioError:
-    names = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", bool: "true/false"}
-    wanted = " or ".join(names.get(t, t.__name__) for t in types)
-    return ScenarioError(f"{path}: {where} must be {wanted}, got {type(value).__name__} {value!r:.60}")
-
-
-def _validate_types(path: Path, data: dict[str, Any]) -> None:
-    for section, types in _SECTION_TYPES.items():
-        body = data.get(section) or {}
-        for key, allowed in types.items():
-            value = body.get(key)
-            if value is None or value == "not_supported":
-                continue
-            if isinstance(value, bool) and bool not in allowed:
-                raise _type_error(path, f"{section}.{key}", value, allowed)
-            if not isinstance(value, allowed):
-                raise _type_error(path, f"{section}.{key}", value, allowed)
-    env = (data.get("host") or {}).get("env") or {}
-    for name, value in env.items():
-        if not isinstance(name, str) or isinstance(value, dict | list):
-            raise ScenarioError(f"{path}: host.env.{name} must be a variable name and a text value")
-    gpus = [("gpu_defaults", data.get("gpu_defaults") or {})] + [
-        (f"gpus[{i}]", g or {}) for i, g in enumerate(data.get("gpus") or []) if isinstance(g, dict)]
-    for where, gpu in gpus:
-        for key, allowed in _GPU_TYPES.items():
-            value = gpu.get(key)
-            if value is None or value == "not_supported" or (isinstance(value, dict) and "error" in value):
-                continue
-            if isinstance(value, bool) or not isinstance(value, allowed):
-                raise _type_error(path, f"{where}.{key}", value, allowed)
-
-
-def _validate_rdma(path: Path, rdma: Any, check_keys: Any) -> None:
-    """`rdma: {devices: [...]}` or `rdma: {error: text}` (the class directory unreadable)."""
-    if rdma is None or (isinstance(rdma, dict) and set(rdma) == {"error"}):
-        return
-    if not isinstance(rdma, dict) or not isinstance(rdma.get("devices", []), list):
-        raise ScenarioError(f"{path}: 'rdma' must be a mapping with a 'devices' list")
-    check_keys("rdma", rdma, {"devices"})
-    for i, device in enumerate(rdma.get("devices") or []):
-        check_keys(f"rdma.devices[{i}]", device, RDMA_DEVICE_KEYS)
-        if not (device or {}).get("name"):
-            raise ScenarioError(f"{path}: rdma.devices[{i}] has no name")
-        for j, port in enumerate(device.get("ports") or []):
-            check_keys(f"rdma.devices[{i}].ports[{j}]", port, RDMA_PORT_KEYS)
+from checks.hw.scenario_file import (  # noqa: F401 (the format's names, used with the backend)
+    NVML_KINDS,
+    NVSWITCH_DEVICE_ID,
+    SCENARIO_DIR,
+    ScenarioError,
+    load_scenario,
+    merge,
+    resolve,
+    shipped,
+)
 
 
 def _value(raw: Any) -> Any:
@@ -358,7 +147,7 @@ class FixtureBackend(Backend):
         self._host = scenario.get("host") or {}
         self._driver = scenario.get("driver") or {}
         defaults = scenario.get("gpu_defaults") or {}
-        self._gpus = [_merge(defaults, gpu or {}) for gpu in scenario.get("gpus") or []]
+        self._gpus = [merge(defaults, gpu or {}) for gpu in scenario.get("gpus") or []]
 
     @classmethod
     def from_file(cls, name_or_path: str) -> FixtureBackend:
