@@ -141,7 +141,12 @@ IMAGE_KERNEL_METAS = {
 KERNEL_METAS = ["linux-generic", "linux-headers-generic", "linux-virtual", "linux-headers-virtual", *IMAGE_KERNEL_METAS]
 MODULES_METAS = sorted(set(IMAGE_KERNEL_METAS.values()) | {"linux-modules-nvidia-580-server-open-generic-6.8"})
 PER_KERNEL = [f"linux-{part}-{KERNEL}" for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")]
-PER_KERNEL_MODULES = [f"linux-modules-nvidia-580-server-open-{KERNEL}", f"linux-objects-nvidia-580-server-{KERNEL}"]
+PER_KERNEL_MODULES = [
+    f"linux-modules-nvidia-580-server-open-{KERNEL}",
+    f"linux-objects-nvidia-580-server-{KERNEL}",
+    # A kernel release without Ubuntu's ABI number (the e2e roots report the controller's kernel).
+    "linux-modules-nvidia-580-server-open-6.18.44-fc-v1045",
+]
 
 
 def task_var(tasks_file: str, task_name: str, variable: str) -> str:
