@@ -48,11 +48,6 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def default_nproc(device: str = "auto") -> int:
-    """One rank per GPU; 2 sharing the GPU of a one-GPU host; 4 on the CPU (trainer.placement)."""
-    return choose_nproc(None, device, cuda_count())[0]
-
-
 def flight_recorder_env(workdir: Path) -> dict[str, str]:
     """NCCL flight recorder settings for one launch (the TORCH_FR_* spellings are newer
     aliases of the same settings)."""

@@ -125,10 +125,6 @@ def remove_dir(env: DistEnv, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def device_type(env: DistEnv) -> str:
-    return env.device.type
-
-
 def describe_band(band: float) -> dict[str, Any]:
     return {"band_rel": band, "band_steps": BAND_STEPS, "band_lr": BAND_LR}
 

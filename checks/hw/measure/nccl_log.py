@@ -108,9 +108,6 @@ class NcclLog:
         """Connections per transport class (send and receive sides counted once each)."""
         return dict(Counter(c.kind for c in self.connections))
 
-    def uses(self, kind: str) -> list[Connection]:
-        return [c for c in self.connections if c.kind == kind or c.kind.startswith(kind)]
-
     @property
     def net(self) -> list[Connection]:
         return [c for c in self.connections if c.transport == "NET"]
