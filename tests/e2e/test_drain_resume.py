@@ -36,7 +36,9 @@ def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
         yield c
 
 
-def drain_then_resume(cluster: SlurmCluster, tmp_path: Path, node: str) -> tuple[dict, subprocess.CompletedProcess]:
+def drain_then_resume(
+    cluster: SlurmCluster, tmp_path: Path, node: str
+) -> tuple[dict, subprocess.CompletedProcess]:
     """One play: drain.yml, the node's Slurm state written down, then resume.yml."""
     between = tmp_path / "between.json"
     play = [
@@ -62,7 +64,11 @@ def drain_then_resume(cluster: SlurmCluster, tmp_path: Path, node: str) -> tuple
                 },
                 {
                     "name": "Write it down",
-                    "ansible.builtin.copy": {"dest": str(between), "content": "{{ between.stdout | to_json }}", "mode": "0644"},
+                    "ansible.builtin.copy": {
+                        "dest": str(between),
+                        "content": "{{ between.stdout | to_json }}",
+                        "mode": "0644",
+                    },
                 },
                 {"name": "Resume", "ansible.builtin.import_tasks": str(REPO / "playbooks/tasks/resume.yml")},
             ],
@@ -78,9 +84,20 @@ def drain_then_resume(cluster: SlurmCluster, tmp_path: Path, node: str) -> tuple
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
     }
     proc = subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)],
-        capture_output=True, text=True, env=env, timeout=240,
+        [
+            str(REPO / ".venv/bin/ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
     )
     state, _, reason = json.loads(between.read_text()).partition("|") if between.exists() else ("", "", "")
     return {"state": state, "reason": reason}, proc
@@ -106,7 +123,9 @@ def test_a_node_the_admin_drained_stays_drained(cluster, tmp_path):
 
 def test_a_host_slurm_does_not_know_is_left_alone(cluster, tmp_path):
     cluster.reset()
-    between, proc = drain_then_resume(cluster, tmp_path, "not-a-slurm-node")
+    _between, proc = drain_then_resume(cluster, tmp_path, "not-a-slurm-node")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "Drain in Slurm the host not-a-slurm-node" in proc.stdout and "skipping: [localhost]" in proc.stdout
+    assert (
+        "Drain in Slurm the host not-a-slurm-node" in proc.stdout and "skipping: [localhost]" in proc.stdout
+    )
     assert [cluster.node_state(n)[0] for n in NODES] == ["idle", "idle"]

@@ -43,7 +43,9 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
     runner.fake_pci_device(roots["debian-gpu"], "0000:3b:00.0", "2330", "0x030200")
     runner.fake_pci_device(roots["gh200-proprietary"], "0000:01:00.0", "2342", "0x030200")
     # What a dpkg run killed while unpacking leaves: its unfinished status entry.
-    (roots["dpkg-interrupted"] / "var/lib/dpkg/updates/0001").write_text("Package: curl\nStatus: install ok half-installed\n")
+    (roots["dpkg-interrupted"] / "var/lib/dpkg/updates/0001").write_text(
+        "Package: curl\nStatus: install ok half-installed\n"
+    )
     host_vars = {
         "bad-checksum": {
             "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()

@@ -28,8 +28,11 @@ CACHE = REPO / ".cache" / "e2e"
 KERNEL = os.uname().release
 ANSIBLE_WORKDIR = ("root/.ansible",)
 # Only what the role needs from the preflight role: no GPU in a chroot, small roots, short waits.
-RDMA_VARS = {"preflight_require_gpu": False, "preflight_min_free_disk_mb": 1024,
-             "preflight_apt_lock_timeout": 30}
+RDMA_VARS = {
+    "preflight_require_gpu": False,
+    "preflight_min_free_disk_mb": 1024,
+    "preflight_apt_lock_timeout": 30,
+}
 PACKAGES = ("rdma-core", "ibverbs-utils", "infiniband-diags", "perftest", "kmod")
 TOOLS = ("/usr/bin/ibv_devinfo", "/usr/sbin/ibstat", "/usr/bin/ib_write_bw")
 
@@ -40,9 +43,17 @@ def rdma_playbook(workdir: Path) -> Path:
     if not play_dir.exists():
         play_dir.mkdir()
         (play_dir / "roles").symlink_to(REPO / "playbooks" / "roles")
-        play = [{"name": "Provision the RDMA user space", "hosts": "gpu_nodes", "become": True,
-                 "gather_facts": True, "gather_subset": ["min"], "force_handlers": True,
-                 "roles": [{"role": "rdma"}]}]
+        play = [
+            {
+                "name": "Provision the RDMA user space",
+                "hosts": "gpu_nodes",
+                "become": True,
+                "gather_facts": True,
+                "gather_subset": ["min"],
+                "force_handlers": True,
+                "roles": [{"role": "rdma"}],
+            }
+        ]
         (play_dir / "rdma.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     return play_dir / "rdma.yml"
 
@@ -57,8 +68,16 @@ def plant_peermem(root: Path, depends: str = "ib_core,nvidia") -> Path:
         empty, modinfo = Path(tmp) / "empty.o", Path(tmp) / "modinfo"
         subprocess.run(["as", "-o", str(empty), "/dev/null"], check=True)
         modinfo.write_bytes(f"license=Dual BSD/GPL\0depends={depends}\0name=nvidia_peermem\0".encode())
-        subprocess.run(["objcopy", f"--add-section=.modinfo={modinfo}", "--set-section-flags=.modinfo=alloc,readonly",
-                        str(empty), str(module)], check=True)
+        subprocess.run(
+            [
+                "objcopy",
+                f"--add-section=.modinfo={modinfo}",
+                "--set-section-flags=.modinfo=alloc,readonly",
+                str(empty),
+                str(module),
+            ],
+            check=True,
+        )
     return module
 
 
@@ -71,8 +90,10 @@ class Converged:
 
 @pytest.fixture(scope="module")
 def converged(e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home) -> Converged:
-    roots = {name: rootfs.unpack(debian12_tarball, workdir / "hosts" / name)
-             for name in ("rdma-plain", "rdma-peermem", "rdma-stub")}
+    roots = {
+        name: rootfs.unpack(debian12_tarball, workdir / "hosts" / name)
+        for name in ("rdma-plain", "rdma-peermem", "rdma-stub")
+    }
     plant_peermem(roots["rdma-peermem"])
     plant_peermem(roots["rdma-stub"], depends="nvidia")
     # A setting left from a driver that had the module: auto removes it where none is installed.
@@ -80,16 +101,27 @@ def converged(e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("nvidia-peermem\n")
     if rootfs.archive_answers(rootfs.UBUNTU_2204) is None:
-        roots["rdma-jammy"] = rootfs.unpack(rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE),
-                                            workdir / "hosts" / "rdma-jammy")
-    inventory = runner.write_inventory(workdir / "rdma.yml", roots, chroot_wrapper, RDMA_VARS,
-                                       host_vars={"rdma-peermem": {"rdma_peermem": "always"}})
+        roots["rdma-jammy"] = rootfs.unpack(
+            rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE), workdir / "hosts" / "rdma-jammy"
+        )
+    inventory = runner.write_inventory(
+        workdir / "rdma.yml",
+        roots,
+        chroot_wrapper,
+        RDMA_VARS,
+        host_vars={"rdma-peermem": {"rdma_peermem": "always"}},
+    )
     play = rdma_playbook(workdir)
     first = runner.run_playbook(str(play), inventory, ansible_home("rdma"), forks=len(roots))
-    second = (runner.run_playbook(str(play), inventory, ansible_home("rdma"), forks=len(roots))
-              if first.rc == 0 else None)
-    print(f"\nrdma role, hosts {sorted(roots)}: first run {first.seconds:.0f}s"
-          + (f", second run {second.seconds:.0f}s" if second else ""))
+    second = (
+        runner.run_playbook(str(play), inventory, ansible_home("rdma"), forks=len(roots))
+        if first.rc == 0
+        else None
+    )
+    print(
+        f"\nrdma role, hosts {sorted(roots)}: first run {first.seconds:.0f}s"
+        + (f", second run {second.seconds:.0f}s" if second else "")
+    )
     return Converged(roots, first, second)
 
 
@@ -105,8 +137,9 @@ def test_second_run_changes_nothing(converged):
 
 def test_packages_and_tools_are_installed(converged):
     for root in converged.roots.values():
-        status = runner.in_root(root, "dpkg-query", "--show", "--showformat=${Status}\\n",
-                                *PACKAGES).stdout.split("\n")
+        status = runner.in_root(
+            root, "dpkg-query", "--show", "--showformat=${Status}\\n", *PACKAGES
+        ).stdout.split("\n")
         assert [s for s in status if s] == ["install ok installed"] * len(PACKAGES), root
         assert [t for t in TOOLS if not (root / t.lstrip("/")).exists()] == [], root
 
@@ -137,15 +170,18 @@ def test_no_doca_repository_unless_asked(converged):
         assert not (root / "etc/apt/sources.list.d/nodecert-doca-ofed.list").exists()
 
 
-def test_check_mode_on_a_fresh_root_changes_nothing(e2e_ready, workdir, debian12_tarball,
-                                                    chroot_wrapper, ansible_home):
+def test_check_mode_on_a_fresh_root_changes_nothing(
+    e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home
+):
     root = rootfs.unpack(debian12_tarball, workdir / "hosts" / "rdma-check")
     plant_peermem(root)
     before = rootfs.tree_digest(root, exclude=ANSIBLE_WORKDIR)
-    inventory = runner.write_inventory(workdir / "rdma-check.yml", {"rdma-check": root},
-                                       chroot_wrapper, RDMA_VARS)
-    result = runner.run_playbook(str(rdma_playbook(workdir)), inventory,
-                                 ansible_home("rdma-check"), "--check", "--diff")
+    inventory = runner.write_inventory(
+        workdir / "rdma-check.yml", {"rdma-check": root}, chroot_wrapper, RDMA_VARS
+    )
+    result = runner.run_playbook(
+        str(rdma_playbook(workdir)), inventory, ansible_home("rdma-check"), "--check", "--diff"
+    )
     assert result.rc == 0, result
     assert result.recap["rdma-check"]["changed"] > 0, "check mode should say what it would change"
     after = rootfs.tree_digest(root, exclude=ANSIBLE_WORKDIR)
@@ -154,17 +190,22 @@ def test_check_mode_on_a_fresh_root_changes_nothing(e2e_ready, workdir, debian12
     assert "a real run installs rdma-core, ibverbs-utils, infiniband-diags, perftest" in result.output
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"rdma_doca_ofed": True}, "rdma_doca_ofed=true needs the site mirror"),
-    ({"rdma_memlock_limit": "lots"}, "rdma_memlock_limit must be"),
-    ({"rdma_peermem": "always"}, "no nvidia-peermem module is installed"),
-])
-def test_preflight_stops_with_an_actionable_message(e2e_ready, workdir, debian12_tarball,
-                                                    chroot_wrapper, ansible_home, extra, message):
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"rdma_doca_ofed": True}, "rdma_doca_ofed=true needs the site mirror"),
+        ({"rdma_memlock_limit": "lots"}, "rdma_memlock_limit must be"),
+        ({"rdma_peermem": "always"}, "no nvidia-peermem module is installed"),
+    ],
+)
+def test_preflight_stops_with_an_actionable_message(
+    e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home, extra, message
+):
     name = f"rdma-bad-{sorted(extra)[0]}"
     root = rootfs.unpack(debian12_tarball, workdir / "hosts" / name)
-    inventory = runner.write_inventory(workdir / f"{name}.yml", {name: root}, chroot_wrapper,
-                                       {**RDMA_VARS, **extra})
+    inventory = runner.write_inventory(
+        workdir / f"{name}.yml", {name: root}, chroot_wrapper, {**RDMA_VARS, **extra}
+    )
     # The peermem case must reach configure: skip installing packages to keep it quick.
     args = ("--skip-tags", "rdma_install") if "rdma_peermem" in extra else ()
     result = runner.run_playbook(str(rdma_playbook(workdir)), inventory, ansible_home(name), *args)

@@ -29,9 +29,26 @@ NEXT_KERNEL = "6.8.0-94-generic"
 # nsight-compute/-systems come with cuda-toolkit too). Written for 12-8, the toolkit the roles pin.
 CUDA_TOOLKIT_DEPENDENCIES = [
     f"lib{name}{dev}-12-8"
-    for name in ("cublas", "cufft", "cufile", "curand", "cusolver", "cusparse", "npp", "nvfatbin", "nvjitlink", "nvjpeg")
+    for name in (
+        "cublas",
+        "cufft",
+        "cufile",
+        "curand",
+        "cusolver",
+        "cusparse",
+        "npp",
+        "nvfatbin",
+        "nvjitlink",
+        "nvjpeg",
+    )
     for dev in ("", "-dev")
-] + ["gds-tools-12-8", "nsight-compute-2025.1.1", "nsight-systems-2024.6.2", "cuda-keyring", "cuda-compat-12-8"]
+] + [
+    "gds-tools-12-8",
+    "nsight-compute-2025.1.1",
+    "nsight-systems-2024.6.2",
+    "cuda-keyring",
+    "cuda-compat-12-8",
+]
 
 # Every NVIDIA/CUDA package the roles install or pull in, Canonical's and NVIDIA's names: the
 # stand-in repository carries the names the roles ask for (driver branches 570/580/590, Fabric
@@ -44,7 +61,12 @@ NVIDIA_PACKAGES = sorted(
         if not package.name.startswith(("linux-headers-", "linux-modules-nvidia-"))
     }
     | set(CUDA_TOOLKIT_DEPENDENCIES)
-    | {"libnvidia-nscq-580", "nvidia-fabricmanager-580", "nvidia-imex-580", "xserver-xorg-video-nvidia-535-server"}
+    | {
+        "libnvidia-nscq-580",
+        "nvidia-fabricmanager-580",
+        "nvidia-imex-580",
+        "xserver-xorg-video-nvidia-535-server",
+    }
 )
 
 # Packages whose names start like NVIDIA's and which get security updates of their own (noble's
@@ -85,7 +107,8 @@ apt_pkg.init_config()
 apt_pkg.read_config_file(apt_pkg.config, sys.argv[1])
 blacklist = apt_pkg.config.value_list("Unattended-Upgrade::Package-Blacklist")
 names = json.loads(sys.stdin.read())
-print(json.dumps({"blacklist": blacklist, "blocked": [n for n in names if uu.is_pkgname_in_blacklist(n, blacklist)]}))
+blocked = [n for n in names if uu.is_pkgname_in_blacklist(n, blacklist)]
+print(json.dumps({"blacklist": blacklist, "blocked": blocked}))
 """
 
 
@@ -111,7 +134,9 @@ def blocked(tmp_path_factory) -> dict:
 
 
 def test_the_rendered_file_carries_every_pattern(blocked):
-    assert blocked["blacklist"] == roletemplate.render("nvidia_driver_unattended_upgrades_blacklist", "nvidia_driver")
+    assert blocked["blacklist"] == roletemplate.render(
+        "nvidia_driver_unattended_upgrades_blacklist", "nvidia_driver"
+    )
 
 
 @pytest.mark.parametrize("name", NVIDIA_PACKAGES)
@@ -138,9 +163,19 @@ IMAGE_KERNEL_METAS = {
     "linux-image-gcp-lts-24.04": "linux-modules-nvidia-580-server-open-gcp-lts-24.04",
     "linux-image-azure": "linux-modules-nvidia-580-server-open-azure",
 }
-KERNEL_METAS = ["linux-generic", "linux-headers-generic", "linux-virtual", "linux-headers-virtual", *IMAGE_KERNEL_METAS]
-MODULES_METAS = sorted(set(IMAGE_KERNEL_METAS.values()) | {"linux-modules-nvidia-580-server-open-generic-6.8"})
-PER_KERNEL = [f"linux-{part}-{KERNEL}" for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")]
+KERNEL_METAS = [
+    "linux-generic",
+    "linux-headers-generic",
+    "linux-virtual",
+    "linux-headers-virtual",
+    *IMAGE_KERNEL_METAS,
+]
+MODULES_METAS = sorted(
+    set(IMAGE_KERNEL_METAS.values()) | {"linux-modules-nvidia-580-server-open-generic-6.8"}
+)
+PER_KERNEL = [
+    f"linux-{part}-{KERNEL}" for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")
+]
 PER_KERNEL_MODULES = [
     f"linux-modules-nvidia-580-server-open-{KERNEL}",
     f"linux-objects-nvidia-580-server-{KERNEL}",
@@ -169,16 +204,37 @@ def driver_facts(**extra) -> dict:
 
 def matching(regex_variable: str, names: list[str], **facts) -> list[str]:
     return roletemplate.render(
-        f"names | select('match', {regex_variable}) | list", "nvidia_driver", names=names, **driver_facts(**facts)
+        f"names | select('match', {regex_variable}) | list",
+        "nvidia_driver",
+        names=names,
+        **driver_facts(**facts),
     )
 
 
 def test_every_image_kernel_meta_brings_its_modules_meta():
-    expression = task_var("nvidia_driver/tasks/kernel.yml", "Decide the kernel the modules are for", "_nvidia_driver_kernel_flavours")
+    expression = task_var(
+        "nvidia_driver/tasks/kernel.yml",
+        "Decide the kernel the modules are for",
+        "_nvidia_driver_kernel_flavours",
+    )
     for image_meta, modules_meta in IMAGE_KERNEL_METAS.items():
-        metas = {"stdout_lines": [f"installed {image_meta}", f"installed linux-image-{KERNEL}", "installed linux-image-unsigned-6.8.0-90-generic"]}
-        flavours = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver", _nvidia_driver_kernel_metas=metas)
-        candidates = roletemplate.render("_nvidia_driver_meta_candidates", "nvidia_driver", **driver_facts(_nvidia_driver_kernel_flavours=flavours))
+        metas = {
+            "stdout_lines": [
+                f"installed {image_meta}",
+                f"installed linux-image-{KERNEL}",
+                "installed linux-image-unsigned-6.8.0-90-generic",
+            ]
+        }
+        flavours = roletemplate.render(
+            expression.strip().removeprefix("{{").removesuffix("}}"),
+            "nvidia_driver",
+            _nvidia_driver_kernel_metas=metas,
+        )
+        candidates = roletemplate.render(
+            "_nvidia_driver_meta_candidates",
+            "nvidia_driver",
+            **driver_facts(_nvidia_driver_kernel_flavours=flavours),
+        )
         assert candidates == [modules_meta], image_meta
 
 
@@ -199,14 +255,24 @@ def test_holds_earlier_runs_put_on_flavour_metas_are_lifted():
     installed = [name for name in KERNEL_METAS if "gcp" not in name and "azure" not in name]
     names = installed + MODULES_METAS + ["linux-modules-nvidia-535-server-generic"]
     assert matching("_nvidia_driver_flavour_meta_re", names) == names
-    assert matching("_nvidia_driver_flavour_meta_re", PER_KERNEL + PER_KERNEL_MODULES + ["linux-firmware", "linux-base"]) == []
+    assert (
+        matching(
+            "_nvidia_driver_flavour_meta_re",
+            PER_KERNEL + PER_KERNEL_MODULES + ["linux-firmware", "linux-base"],
+        )
+        == []
+    )
 
 
 @pytest.fixture(scope="module")
 def kernel_guard(tmp_path_factory) -> Path:
     script = tmp_path_factory.mktemp("guard") / "nodecert-nvidia-kernel-guard"
     script.write_text(
-        roletemplate.render_file(roletemplate.ROLES / "nvidia_driver/templates/nvidia-kernel-guard.sh.j2", "nvidia_driver", **driver_facts())
+        roletemplate.render_file(
+            roletemplate.ROLES / "nvidia_driver/templates/nvidia-kernel-guard.sh.j2",
+            "nvidia_driver",
+            **driver_facts(),
+        )
     )
     script.chmod(0o755)
     return script
@@ -215,7 +281,9 @@ def kernel_guard(tmp_path_factory) -> Path:
 def run_guard(script: Path, *debs: str) -> subprocess.CompletedProcess:
     # As apt runs a DPkg::Pre-Install-Pkgs hook (protocol version 1): one .deb path a line.
     lines = "".join(f"/var/cache/apt/archives/{deb}\n" for deb in debs)
-    return subprocess.run([str(script)], input=lines, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [str(script)], input=lines, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+    )
 
 
 def test_guard_lets_a_kernel_in_with_its_modules(kernel_guard):
@@ -241,11 +309,18 @@ def test_guard_refuses_a_kernel_without_its_modules_in_one_line(kernel_guard):
     )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1
-    assert f"refusing kernel {NEXT_KERNEL}: apt brings no linux-modules-nvidia-580-server-open-{NEXT_KERNEL}" in proc.stderr
+    assert (
+        f"refusing kernel {NEXT_KERNEL}: apt brings no linux-modules-nvidia-580-server-open-{NEXT_KERNEL}"
+        in proc.stderr
+    )
 
 
 def test_guard_lets_everything_else_through(kernel_guard):
-    proc = run_guard(kernel_guard, "curl_8.5.0-2ubuntu10.7_amd64.deb", "linux-firmware_20240318.git3b128b60-0ubuntu2.5_amd64.deb")
+    proc = run_guard(
+        kernel_guard,
+        "curl_8.5.0-2ubuntu10.7_amd64.deb",
+        "linux-firmware_20240318.git3b128b60-0ubuntu2.5_amd64.deb",
+    )
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
@@ -299,16 +374,27 @@ def test_every_535_server_package_is_another_branch():
 
 
 def unknown_holds(selections: list[str]) -> list[str]:
-    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
-    (task,) = [t for t in tasks if t.get("name") == "Check that every held NVIDIA package belongs to a driver branch"]
+    tasks = __import__("yaml").safe_load(
+        (roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text()
+    )
+    (task,) = [
+        t for t in tasks if t.get("name") == "Check that every held NVIDIA package belongs to a driver branch"
+    ]
     expression = task["vars"]["_nvidia_driver_unknown_holds"].strip().removeprefix("{{").removesuffix("}}")
     return roletemplate.render(
-        expression, "nvidia_driver", _nvidia_driver_preflight_selections={"stdout_lines": selections}, **driver_facts()
+        expression,
+        "nvidia_driver",
+        _nvidia_driver_preflight_selections={"stdout_lines": selections},
+        **driver_facts(),
     )
 
 
 def test_a_535_server_node_with_the_admins_holds_passes_the_check():
-    selections = [f"hold {name}" for name in BRANCH_535_SERVER] + ["install curl", "hold nvidia-fabricmanager", "hold linux-image-virtual"]
+    selections = [f"hold {name}" for name in BRANCH_535_SERVER] + [
+        "install curl",
+        "hold nvidia-fabricmanager",
+        "hold linux-image-virtual",
+    ]
     assert unknown_holds(selections) == []
 
 
@@ -324,14 +410,22 @@ def test_a_held_branch_package_of_an_unknown_name_stops_before_any_change():
 # `apt-cache madison libnccl2` lines: noble's own build (multiverse, "Package: libnccl2 / Version:
 # 2.18.5-1-2 / Source: nvidia-nccl") and NVIDIA's, which carry +cuda<release>.
 NOBLE_NCCL = "  libnccl2 | 2.18.5-1-2 | http://archive.ubuntu.com/ubuntu noble/multiverse amd64 Packages"
-NVIDIA_NCCL = "  libnccl2 | 2.26.2-1+cuda12.8 | https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64  Packages"
+NVIDIA_NCCL = ("  libnccl2 | 2.26.2-1+cuda12.8 | "
+               "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64  Packages")
 
 
 def nccl_pending(check_mode: bool, madison: list[str]) -> bool:
     tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nccl/tasks/preflight.yml").read_text())
     (task,) = [t for t in tasks if t.get("name") == "Note whether check mode can see NCCL"]
-    expression = task["ansible.builtin.set_fact"]["_nccl_pending"].strip().removeprefix("{{").removesuffix("}}")
-    return roletemplate.render(expression, "nccl", ansible_check_mode=check_mode, _nccl_madison={"stdout": "\n".join(madison), "stdout_lines": madison})
+    expression = (
+        task["ansible.builtin.set_fact"]["_nccl_pending"].strip().removeprefix("{{").removesuffix("}}")
+    )
+    return roletemplate.render(
+        expression,
+        "nccl",
+        ansible_check_mode=check_mode,
+        _nccl_madison={"stdout": "\n".join(madison), "stdout_lines": madison},
+    )
 
 
 @pytest.mark.parametrize(
@@ -352,7 +446,9 @@ def test_check_mode_waits_for_nvidias_nccl_only_while_apt_has_none(check_mode, m
 
 def policy(*offered: str, listed: tuple[str, ...] = ()) -> str:
     """`apt-cache policy` output: each offered package with a candidate, each listed one without."""
-    out = [f"{name}:\n  Installed: (none)\n  Candidate: 580.95.05-0ubuntu1\n  Version table:" for name in offered]
+    out = [
+        f"{name}:\n  Installed: (none)\n  Candidate: 580.95.05-0ubuntu1\n  Version table:" for name in offered
+    ]
     out += [f"{name}:\n  Installed: (none)\n  Candidate: (none)\n  Version table:" for name in listed]
     return "\n".join(out) + "\n"
 
@@ -364,12 +460,21 @@ PRECOMPILED = f"linux-modules-nvidia-580-server-open-{KERNEL}"
 def early_source(stdout: str, **settings) -> str:
     tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/source.yml").read_text())
     (task,) = [t for t in tasks if t.get("name") == "Decide early where the kernel modules come from"]
-    expression = task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"].strip().removeprefix("{{").removesuffix("}}")
+    expression = (
+        task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"]
+        .strip()
+        .removeprefix("{{")
+        .removesuffix("}}")
+    )
     from ansible.template import trust_as_template
 
     task_vars = {name: trust_as_template(value) for name, value in task["vars"].items()}
     return roletemplate.render(
-        expression, "nvidia_driver", _nvidia_driver_early_policy={"stdout": stdout}, **task_vars, **driver_facts(**settings)
+        expression,
+        "nvidia_driver",
+        _nvidia_driver_early_policy={"stdout": stdout},
+        **task_vars,
+        **driver_facts(**settings),
     )
 
 
@@ -400,7 +505,13 @@ def test_a_malformed_inventory_is_reported_with_its_parse_error(tmp_path):
     inventory.write_text("[gpu_nodes\nnode1 ansible_host=10.0.0.1\n")
     repo = roletemplate.ROLES.parents[1]
     proc = subprocess.run(
-        [str(repo / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/provision.yml", "--list-hosts"],
+        [
+            str(repo / ".venv/bin/ansible-playbook"),
+            "-i",
+            str(inventory),
+            "playbooks/provision.yml",
+            "--list-hosts",
+        ],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -423,20 +534,34 @@ def test_module_options_as_modprobe_reads_them(tmp_path):
     conf.parent.mkdir()
     conf.write_text(
         roletemplate.render_file(
-            roletemplate.ROLES / "nvidia_driver/templates/nvidia-options.conf.j2", "nvidia_driver", nvidia_driver_module_params=PARAMS
+            roletemplate.ROLES / "nvidia_driver/templates/nvidia-options.conf.j2",
+            "nvidia_driver",
+            nvidia_driver_module_params=PARAMS,
         )
     )
     # kmod's own parser over that directory alone.
     shown = subprocess.run(
         ["modprobe", "--config", str(conf.parent), "--showconfig"], capture_output=True, text=True, check=True
     ).stdout
-    assert "options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RestrictProfilingToAdminUsers=0" in shown.splitlines()
+    assert (
+        "options nvidia NVreg_EnableStreamMemOPs=1 NVreg_RestrictProfilingToAdminUsers=0"
+        in shown.splitlines()
+    )
 
 
 def bad_params(params) -> list[str]:
-    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text())
+    tasks = __import__("yaml").safe_load(
+        (roletemplate.ROLES / "nvidia_driver/tasks/preflight.yml").read_text()
+    )
     (task,) = [t for t in tasks if t.get("name") == "Check the nvidia module options"]
-    return roletemplate.render("_nvidia_driver_bad_params", "nvidia_driver", nvidia_driver_module_params=params, _nvidia_driver_bad_params=__import__("ansible.template", fromlist=["trust_as_template"]).trust_as_template(task["vars"]["_nvidia_driver_bad_params"]))
+    return roletemplate.render(
+        "_nvidia_driver_bad_params",
+        "nvidia_driver",
+        nvidia_driver_module_params=params,
+        _nvidia_driver_bad_params=__import__(
+            "ansible.template", fromlist=["trust_as_template"]
+        ).trust_as_template(task["vars"]["_nvidia_driver_bad_params"]),
+    )
 
 
 @pytest.mark.parametrize(
