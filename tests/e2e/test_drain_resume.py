@@ -7,7 +7,6 @@ kubectl is not installed here, so the Kubernetes steps find no node and do nothi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fleet"))
-from slurmcluster import SlurmCluster, missing_tools  # noqa: E402
+from slurmcluster import SlurmCluster, local_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -28,11 +27,7 @@ REASON = "provision: reboot to load NVIDIA driver 580.95.05"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
-    if os.geteuid() != 0:
-        pytest.skip("a local Slurm cluster needs root (network namespaces, munged, slurmd)")
-    if missing_tools():
-        pytest.fail(f"missing {', '.join(missing_tools())}: apt-get install -y $(cat .ci/apt-packages.txt)")
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=NODES) as c:
+    with local_cluster(tmp_path_factory.mktemp("slurm"), NODES) as c:
         yield c
 
 
