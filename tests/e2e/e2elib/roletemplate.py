@@ -10,13 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+# Ansible is imported when a test renders, not when this module is collected: ansible-core 2.19
+# replaces sys.intern with an object of its own on import, and torch._dynamo, imported by the
+# trainer tests' modules, refuses to start once it sees that (a collection error in one pytest
+# process that collects both).
 
 ROLES = Path(__file__).resolve().parents[3] / "playbooks" / "roles"
 
 
 def _trusted(value: Any) -> Any:
+    from ansible.template import trust_as_template
+
     # Variables from a role's files are templates a play would render; the loader alone does not
     # mark them so.
     if isinstance(value, str):
@@ -30,6 +34,8 @@ def _trusted(value: Any) -> Any:
 
 def role_variables(*roles: str) -> dict[str, Any]:
     """defaults/main.yml then vars/main.yml of each role, in order."""
+    from ansible.parsing.dataloader import DataLoader
+
     loader = DataLoader()
     variables: dict[str, Any] = {}
     for role in roles:
@@ -42,6 +48,9 @@ def role_variables(*roles: str) -> dict[str, Any]:
 
 def render(expression: str, *roles: str, **facts: Any) -> Any:
     """The value of a Jinja expression over the roles' variables and the given facts."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
     variables = {**role_variables(*roles), **facts}
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template("{{ " + expression + " }}"))
@@ -49,6 +58,9 @@ def render(expression: str, *roles: str, **facts: Any) -> Any:
 
 def render_file(template: Path, *roles: str, **facts: Any) -> str:
     """A role's template file rendered as the template module would (ansible_managed included)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
     variables = {"ansible_managed": "Ansible managed", **role_variables(*roles), **facts}
     templar = Templar(loader=DataLoader(), variables=variables)
     return templar.template(trust_as_template(template.read_text()))
