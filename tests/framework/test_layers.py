@@ -79,7 +79,7 @@ def test_every_project_import_resolves_to_a_module() -> None:
     ("trainer", ("trainer", "checks.hw", "checks.supervise", "checks.cliutil", "checks.profiles",
                  "checks.model", "checks.resources")),
     ("checks.model", ("checks.model",)),
-    ("checks.profiles", ("checks.profiles", "checks.model", "checks.resources")),
+    ("checks.profiles", ("checks.profiles", "checks.model", "checks.resources", "checks.safeyaml")),
     ("checks.report_schema", ("checks.report_schema", "checks.model", "checks.resources",
                               "checks.safeio", "checks.environment")),
     ("checks.cliutil", ()),
