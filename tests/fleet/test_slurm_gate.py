@@ -85,6 +85,11 @@ def _use(index: int):  # type: ignore[no-untyped-def]
                 (cluster.wrappers / name / wrapper).unlink()
         subprocess.run(["scancel", "-u", "root"], env=cluster.env(), check=False,
                        capture_output=True)
+        # a health check slurmd started before its wrapper was removed may still drain the node:
+        # wait for every wrapper run to end, then reset (else the next test inherits its drain)
+        deadline = time.monotonic() + 120
+        while _pids("checks.fleet.slurm") and time.monotonic() < deadline:
+            time.sleep(0.2)
         cluster.reset()
 
     return node
