@@ -100,7 +100,7 @@ def start_node(out: Path, host: str, rank: int, nnodes: int, port: int, stages: 
     cmd = [sys.executable, "-m", "checks.node.crosshost_node", "--nnodes", str(nnodes),
            "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
            "--group", "r0g0", "--host", host, "--stages", stages, "--json", str(out / f"{host}.json"),
-           "--stall", "20", "--timeout", "120", "--join-timeout", "15"]
+           "--stall", "20", "--timeout", "120", "--join-timeout", "60"]
     env = {**os.environ, **(extra_env or {})}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
