@@ -158,13 +158,16 @@ def host_name_problem(name: str) -> str | None:
 
 
 def flag_duplicates(found: list[HostReport]) -> list[HostReport]:
-    """Two reports that claim the same host: neither is believed (one of them is not that host)."""
+    """Two reports that claim the same listed host (another file's name): neither is believed, one
+    of them is not that host. Hosts that share a name no file has (fresh cloud images all called
+    `ubuntu`, chroots of one machine) are told apart by their file names, as verify.yml fetches."""
+    listed = {item.host for item in found}
     claims: dict[str, list[HostReport]] = {}
     for item in found:
         if item.report is not None:
             claims.setdefault(item.report["host"], []).append(item)
     for claimed, items in claims.items():
-        if len(items) > 1:
+        if len(items) > 1 and claimed in listed:
             files = ", ".join(sorted(i.path.name if i.path else i.host for i in items))
             for item in items:
                 item.report = None
