@@ -80,15 +80,21 @@ def xid_policy() -> XidPolicy:
                      verdict=str(raw["verdict"]), source=str(raw["source"]),
                      reason=str(raw.get("reason", "")),
                      peers={str(k): str(v) for k, v in (raw.get("peers") or {}).items()})
-        if row.verdict not in XID_VERDICTS:
-            raise ValueError(f"checks/kernlog/xid.yaml: XID {row.xid} verdict {row.verdict!r}")
-        if row.xid in rows:
-            raise ValueError(f"checks/kernlog/xid.yaml: XID {row.xid} listed twice")
-        _check_source("xid.yaml", row.xid, row.source, sources)
-        rows[row.xid] = row
+        _admit(rows, row.xid, row, "xid.yaml", "XID", XID_VERDICTS, sources)
     return XidPolicy(rows=rows, rule={str(k): str(v) for k, v in data["rule"].items()},
                      driver_reset_request=tuple(str(x) for x in data["driver_reset_request"]),
                      sources=sources)
+
+
+def _admit(rows: dict[int, Any], code: int, row: Any, file: str, label: str,
+           verdicts: tuple[str, ...], sources: dict[str, str]) -> None:
+    """One table row in: a known verdict, listed once, citing a source the table names."""
+    if row.verdict not in verdicts:
+        raise ValueError(f"checks/kernlog/{file}: {label} {code} verdict {row.verdict!r}")
+    if code in rows:
+        raise ValueError(f"checks/kernlog/{file}: {label} {code} listed twice")
+    _check_source(file, code, row.source, sources)
+    rows[code] = row
 
 
 @functools.cache
@@ -100,12 +106,7 @@ def sxid_policy() -> SxidPolicy:
         row = SxidRow(sxid=int(raw["sxid"]), name=str(raw["name"]), section=str(raw["section"]),
                       verdict=str(raw["verdict"]), source=str(raw["source"]),
                       reason=str(raw.get("reason", "")), nvsentinel=str(raw.get("nvsentinel", "")))
-        if row.verdict not in SXID_VERDICTS:
-            raise ValueError(f"checks/kernlog/sxid.yaml: SXid {row.sxid} verdict {row.verdict!r}")
-        if row.sxid in rows:
-            raise ValueError(f"checks/kernlog/sxid.yaml: SXid {row.sxid} listed twice")
-        _check_source("sxid.yaml", row.sxid, row.source, sources)
-        rows[row.sxid] = row
+        _admit(rows, row.sxid, row, "sxid.yaml", "SXid", SXID_VERDICTS, sources)
     return SxidPolicy(rows=rows, rule={str(k): str(v) for k, v in data["rule"].items()},
                       sources=sources)
 
