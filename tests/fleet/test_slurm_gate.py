@@ -168,6 +168,18 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
+def _stopped_check(cluster: SlurmCluster, node: str, state: Path, scenario: Path) -> tuple[int, int]:
+    """slurmd runs the generated health-check wrapper on `node`; its check is found and stopped
+    (SIGSTOP): (the check's pid, the wrapper's pid)."""
+    assert _scripts(cluster, node, state, "--timeout", "30", "--", "--simulate",
+                    str(scenario)).returncode == 0
+    _only(cluster, node, "nodecert-healthcheck")
+    check = _wait_for_pid("checks", "--simulate", str(scenario))
+    wrapper = _parent(check)
+    os.kill(check, signal.SIGSTOP)
+    return check, wrapper
+
+
 def _scenario(tmp_path: Path, name: str) -> Path:
     """A scenario under a path unique to this test: it names this test's check processes."""
     link = tmp_path / "node-state.yaml"
@@ -231,12 +243,7 @@ def test_a_killed_wrapper_leaves_no_check_and_its_trace_drains(cluster, node1, t
     state = tmp_path / "state"
     scenario = _scenario(tmp_path, "h100-sxm-8x-healthy")
     assert _health_check_here(cluster, node, state, str(scenario)) == 0
-    assert _scripts(cluster, node, state, "--timeout", "30", "--", "--simulate",
-                    str(scenario)).returncode == 0
-    _only(cluster, node, "nodecert-healthcheck")
-    check = _wait_for_pid("checks", "--simulate", str(scenario))
-    wrapper = _parent(check)
-    os.kill(check, signal.SIGSTOP)
+    check, wrapper = _stopped_check(cluster, node, state, scenario)
     os.kill(wrapper, signal.SIGKILL)
     cluster.wait_for(lambda: _gone(check), 30, "the check to die with its wrapper")
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 90, "the drain")
@@ -253,12 +260,7 @@ def test_a_terminated_wrapper_kills_its_check_and_drains(cluster, node1, tmp_pat
     node = node1
     state = tmp_path / "state"
     scenario = _scenario(tmp_path, "h100-sxm-8x-healthy")
-    assert _scripts(cluster, node, state, "--timeout", "30", "--", "--simulate",
-                    str(scenario)).returncode == 0
-    _only(cluster, node, "nodecert-healthcheck")
-    check = _wait_for_pid("checks", "--simulate", str(scenario))
-    wrapper = _parent(check)
-    os.kill(check, signal.SIGSTOP)
+    check, wrapper = _stopped_check(cluster, node, state, scenario)
     os.kill(wrapper, signal.SIGTERM)
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
     reason = cluster.node_state(node)[1]
