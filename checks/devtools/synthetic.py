@@ -121,6 +121,23 @@ def refresh(report: dict[str, Any]) -> None:
     report["verdict"], report["exit_code"] = ("FAIL", 1) if failed else ("PASS", 0)
 
 
+def add_digests(report: dict[str, Any], digests: dict[int, str], *, default: str) -> dict[str, Any]:
+    """Append the reference-digest check the way checks/node/suite/digest.py publishes it: GPU i
+    computed `digests.get(i, default)`, twice. The summary and verdict are recomputed, as the
+    report loader requires."""
+    from checks.hw.measure import reference  # the reference id only; imports no torch
+
+    results = []
+    for dev in _devices(report):
+        digest = digests.get(dev["index"], default)
+        results.append(_result("PASS", f"digest {digest[:16]}", dev, {
+            "digest": digest, "digests": [digest, digest], "reference": reference.reference_id(),
+            "model": dev.get("name")}))
+    report["checks"].append(_check("reference-digest", "SDC001", "reference digest", results))
+    refresh(report)
+    return report
+
+
 def add_workload(report: dict[str, Any], rng: random.Random,
                  slow: dict[tuple[str, int | None], float]) -> None:
     """Append the workload checks' figures and curves; `slow` maps (figure, gpu) to a factor."""

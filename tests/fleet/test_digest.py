@@ -113,22 +113,7 @@ def test_another_process_computes_the_same_bits() -> None:
 
 def _with_digests(report: dict[str, Any], digests: dict[int, str], *, default: str = GOOD,
                   driver: str | None = None) -> dict[str, Any]:
-    """Append a reference-digest check the way checks/node/suite/digest.py publishes it."""
-    devices = {}
-    for chk in report["checks"]:
-        for r in chk["results"]:
-            dev = r.get("device")
-            if dev and dev.get("index") is not None:
-                devices.setdefault(dev["index"], dev)
-    results = [{"status": "PASS", "message": "digest", "value": None, "unit": None,
-                "expected": None, "remedy": None, "device": dev, "fault_code": None,
-                "details": {"digest": digests.get(i, default), "digests": [digests.get(i, default)] * 2,
-                            "reference": reference.reference_id(), "model": dev["name"]}}
-               for i, dev in sorted(devices.items())]
-    report["checks"].append({"id": "reference-digest", "code": "SDC001", "title": "reference digest",
-                             "level": "standard", "tags": ["workload"], "status": "PASS",
-                             "duration_s": 1.0, "results": results})
-    report["summary"]["PASS"] += 1  # the report stays consistent: the loader recomputes it
+    synthetic.add_digests(report, digests, default=default)
     if driver:
         report["system"] = {**report["system"], "driver": driver}
     return report

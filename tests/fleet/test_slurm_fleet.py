@@ -15,7 +15,6 @@ import pytest
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
 from checks.fleet import fleet_cli, slurm
-from checks.hw.measure import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmcluster import SlurmCluster, local_cluster, pointed_at
@@ -38,29 +37,12 @@ def slurm_env(cluster, monkeypatch) -> SlurmCluster:
     return pointed_at(cluster, monkeypatch)
 
 
-def _with_digests(report: dict[str, Any], bad_gpu: int | None = None) -> dict[str, Any]:
-    """The reference-digest check as checks/node/suite/digest.py publishes it."""
-    devices = {r["device"]["index"]: r["device"] for c in report["checks"] for r in c["results"]
-               if r.get("device") and r["device"].get("index") is not None}
-    results = []
-    for i, dev in sorted(devices.items()):
-        digest = BAD if i == bad_gpu else GOOD
-        results.append({"status": "PASS", "message": "digest", "value": None, "unit": None,
-                        "expected": None, "remedy": None, "device": dev, "fault_code": None,
-                        "details": {"digest": digest, "digests": [digest] * 2,
-                                    "reference": reference.reference_id(), "model": dev["name"]}})
-    report["checks"].append({"id": "reference-digest", "code": "SDC001", "title": "reference digest",
-                             "level": "standard", "tags": ["workload"], "status": "PASS",
-                             "duration_s": 1.0, "results": results})
-    return report
-
-
 def _summary(tmp_path: Path, base: dict[str, Any], run: str, broken: list[Broken] = (),
              slow: list[Slow] = (), bad_digest: str | None = None) -> Path:
     reports = synthetic.build(len(NODES), base=base, run_id=run, broken=list(broken),
                               slow=list(slow))
     for r in reports:
-        _with_digests(r, 7 if r["host"] == bad_digest else None)
+        synthetic.add_digests(r, {7: BAD} if r["host"] == bad_digest else {}, default=GOOD)
     directory = synthetic.write(reports, tmp_path / "reports" / run)
     out = tmp_path / f"{run}-fleet.json"
     fleet_cli.main(["report", str(directory), "--json", str(out), "-q", "--history",

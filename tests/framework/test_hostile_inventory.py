@@ -4,6 +4,7 @@ line from us (make adds its own `*** Error 2` line, as for `make provision`)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,12 @@ def test_make_verify_refuses_a_bad_inventory(tmp_path: Path, text: str | None, m
     if text is not None:
         inventory.write_text(text)
     # VENV: this interpreter's venv, so nothing is installed; --list-hosts: the playbook only
-    # lists, it connects nowhere.
+    # lists, it connects nowhere. Run as an operator would, not as a sub-make of `make test`
+    # (whose MAKELEVEL would have make name itself "make[1]").
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     proc = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "verify",
                            f"VENV={sys.prefix}", f"INVENTORY={inventory}", "ARGS=--list-hosts"],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
     if not message:
         assert proc.returncode == 0, proc.stderr
         assert "gpu01x" in proc.stdout

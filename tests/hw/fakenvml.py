@@ -10,11 +10,18 @@ layouts, and checks/hw/nvml.py) runs for real.
 The values of `FakeGpu` are test inputs describing what a driver would answer, not a record of
 a machine. A symbol the library lacks (`missing`) answers FUNCTION_NOT_FOUND the way pynvml
 reports it for an old driver; an error in `errors` makes that call return the given code.
+
+The node suite runs its checks in a forked worker (checks/node/watchdog.py), so the calls and the
+fake's own faults are kept in an unlinked append-only file both processes share, not in a list
+only one of them would see.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from ctypes import c_int, c_uint, c_ulonglong, c_void_p
@@ -138,8 +145,8 @@ class FakeNvmlLibrary:
         self.init_error = init_error
         self.missing = set(missing)
         self.system_errors = system_errors or {}
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-        self.problems: list[str] = []  # faults of the fake itself or lookups it cannot answer
+        # One O_APPEND write per entry: whole lines from the worker and this process alike.
+        self._journal = tempfile.TemporaryFile(mode="a+b", buffering=0)  # noqa: SIM115 - lives with the fake
         self.release = threading.Event()  # set at teardown: hung calls return
         self._callbacks: dict[str, Any] = {}
         self._strings: dict[int, Any] = {}
@@ -148,7 +155,7 @@ class FakeNvmlLibrary:
         if name.startswith("_") or name in self.missing:
             raise AttributeError(name)
         if name not in _FUNCTIONS:
-            self.problems.append(f"pynvml looked up {name}, which the fake does not implement")
+            self._note("problem", f"pynvml looked up {name}, which the fake does not implement")
             raise AttributeError(name)
         if name not in self._callbacks:
             restype, argtypes, method, device = _FUNCTIONS[name]
@@ -156,13 +163,31 @@ class FakeNvmlLibrary:
                 self._wrap(name, method, device))
         return self._callbacks[name]
 
+    def _note(self, kind: str, *entry: Any) -> None:
+        os.write(self._journal.fileno(), json.dumps([kind, *entry], default=repr).encode() + b"\n")
+
+    def _entries(self, kind: str) -> list[list[Any]]:
+        fd = self._journal.fileno()
+        text = os.pread(fd, os.fstat(fd).st_size, 0).decode()
+        return [e[1:] for e in map(json.loads, text.splitlines()) if e[0] == kind]
+
+    @property
+    def calls(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """Every C call pynvml made, in this process and in the checks' worker, in order."""
+        return [(name, tuple(args)) for name, args in self._entries("call")]
+
+    @property
+    def problems(self) -> list[str]:
+        """Faults of the fake itself or lookups it cannot answer."""
+        return [text for (text,) in self._entries("problem")]
+
     def calls_to(self, name: str) -> list[tuple[Any, ...]]:
         return [args for called, args in self.calls if called == name]
 
     def _wrap(self, name: str, method: Callable[..., int], device: bool) -> Callable[..., int]:
         def callback(*args: Any) -> int:
             try:
-                self.calls.append((name, args))
+                self._note("call", name, args)
                 if device:
                     gpu = self._gpu(args[0])
                     if gpu is None:
@@ -178,7 +203,7 @@ class FakeNvmlLibrary:
                     return self._fail(code)
                 return method(self, *args)
             except Exception as exc:  # ctypes would print it and return 0 (success): record it
-                self.problems.append(f"{name}{args}: {type(exc).__name__}: {exc}")
+                self._note("problem", f"{name}{args}: {type(exc).__name__}: {exc}")
                 return n.NVML_ERROR_UNKNOWN
         return callback
 
