@@ -63,7 +63,8 @@ def test_both_runs_pass_and_the_second_changes_nothing(converged):
     assert converged.first.rc == 0, converged.first
     assert converged.second.rc == 0, converged.second
     changed = converged.second.changed()
-    assert {host: changed.get(host) for host in converged.roots} == {"hgx-b200": 0, "gb200-tray": 0}
+    assert {host: changed.get(host) for host in converged.roots} == {"hgx-b200": 0, "gb200-tray": 0}, {
+        h: converged.second.changed_tasks(h) for h in converged.roots}
 
 
 def test_hgx_b200_gets_fabric_manager_nvlsm_and_libnvsdm_at_the_driver_version(converged):

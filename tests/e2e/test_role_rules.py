@@ -264,6 +264,19 @@ def test_holds_earlier_runs_put_on_flavour_metas_are_lifted():
     )
 
 
+@pytest.mark.parametrize("kernel", ["6.18.44-fc-v1045", "6.12.0", "6.1.0-28-cloud-amd64"])
+def test_a_kernels_own_packages_are_never_its_flavour_metas(kernel):
+    """A kernel built outside Ubuntu/Debian's <version>-<ABI>-<flavour> scheme (a cloud VM's own
+    build, as the e2e roots report the controller's kernel) has no flavour: were its release taken
+    for one, each run would hold its headers and the next lift that hold again."""
+    own = [f"linux-{part}-{kernel}" for part in ("image", "headers", "modules")]
+    facts = {"_nvidia_driver_kernel": kernel, "_nvidia_driver_kernel_flavours": []}
+    assert matching("_nvidia_driver_kernel_re", own, **facts) == own
+    assert matching("_nvidia_driver_flavour_meta_re", own, **facts) == []
+    assert matching("_nvidia_driver_flavour_meta_re", ["linux-image-virtual"], **facts) == [
+        "linux-image-virtual"]
+
+
 @pytest.fixture(scope="module")
 def kernel_guard(tmp_path_factory) -> Path:
     script = tmp_path_factory.mktemp("guard") / "nodecert-nvidia-kernel-guard"

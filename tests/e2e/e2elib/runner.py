@@ -39,6 +39,17 @@ class Result:
     def changed(self) -> dict[str, int]:
         return {host: counts["changed"] for host, counts in self.recap.items()}
 
+    def changed_tasks(self, host: str) -> list[str]:
+        """The tasks that reported `changed` on host, by name: what a failed idempotence
+        assertion shows (the output's tail is cut short by pytest)."""
+        changed, task = [], ""
+        for line in self.output.splitlines():
+            if line.startswith("TASK ["):
+                task = line[len("TASK ["):].split("]", 1)[0]
+            elif re.match(rf"changed: \[{re.escape(host)}\]", line):
+                changed.append(task)
+        return changed
+
     def failure(self, host: str) -> str:
         """The message of the task that failed on host ('' if none did)."""
         # The last one: a failure caught by a rescue is printed too, before the rescue's own.
