@@ -45,10 +45,11 @@ system-deps:
 	@bash .ci/system-deps.sh
 
 # Two workers (the machine has 2 cores); each test file stays on one worker, so its module
-# fixtures are built once (tests/conftest.py). TEST_JOBS=0 runs in-process.
+# fixtures are built once, and the files go out longest first (tests/durations.json, kept in
+# that order by --no-loadscope-reorder; tests/conftest.py). TEST_JOBS=0 runs in-process.
 TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(ARGS)
 
 # ruff (style, imports, complexity over 15: pyproject.toml), mypy over the product, ansible-lint
 lint: $(DEV_DEPS)

@@ -9,8 +9,6 @@ import datetime as dt
 import os
 import re
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,25 +132,6 @@ def test_stale_file_is_replaced_and_the_old_status_is_gone(textfiles, exporter, 
     assert sorted(os.listdir(textfiles)) == ["nodecert.prom"]
 
 
-def _rewrite_until(stop: threading.Event, path: Path, runs: list[dict[str, Any]],
-                   texts: list[bytes], atomic: bool) -> None:
-    """Rewrite `path` with each run in turn: with prometheus.write (ours), or in place (the
-    broken way, with a pause half way so that a reader can catch the file half written)."""
-    i = 0
-    while not stop.is_set():
-        if atomic:
-            prometheus.write([runs[i % len(runs)]], path)
-        else:
-            data = texts[i % len(texts)]
-            with open(path, "wb") as f:
-                f.write(data[: len(data) // 2])
-                f.flush()
-                time.sleep(0.004)
-                f.write(data[len(data) // 2:])
-        i += 1
-        time.sleep(0.003)  # a rewrite every few ms: many per scrape, CPU left for the reader
-
-
 def _two_runs(h100_report: dict[str, Any]) -> list[dict[str, Any]]:
     """The same host twice: first with a failed ECC check, then repaired, a day later."""
     first = synthetic.build(2, base=h100_report, broken=[ECC])[1]
@@ -162,41 +141,53 @@ def _two_runs(h100_report: dict[str, Any]) -> list[dict[str, Any]]:
     return [first, second]
 
 
-def _race(textfiles: Path, exporter: NodeExporter, runs: list[dict[str, Any]], *, atomic: bool,
-          scrapes: int) -> tuple[list[set], list[set]]:
-    """Scrape while a writer rewrites the file; (what each scrape saw, the complete files)."""
-    texts = []
-    for run in runs:  # what a complete file of each run holds
-        path = prometheus.write([run], textfiles.parent / "render" / "nodecert.prom")
-        texts.append(path.read_bytes())
-    expected = [samples(t.decode()) for t in texts]
+def _scraped(exporter: NodeExporter) -> set | None:
+    """The samples of one scrape, or None where node_exporter could not parse our file."""
+    text = exporter.scrape()
+    return samples(text) if _families(text)["node_textfile_scrape_error"][0].value == 0 else None
+
+
+def _complete_files(textfiles: Path, runs: list[dict[str, Any]]) -> list[bytes]:
+    return [prometheus.write([run], textfiles.parent / "render" / f"run{i}.prom").read_bytes()
+            for i, run in enumerate(runs)]
+
+
+def test_a_rewrite_never_shows_half_a_file(textfiles, exporter, h100_report, monkeypatch) -> None:
+    """Scraped at the worst moment of our write (the new file written in full, not yet renamed
+    over the old): node_exporter serves the previous complete file, and no temporary of ours is
+    read as a second .prom; right after the rename it serves the new one."""
+    first, second = _complete_files(textfiles, _two_runs(h100_report))
     target = textfiles / "nodecert.prom"
-    target.write_bytes(texts[0])
-    stop = threading.Event()
-    writer = threading.Thread(target=_rewrite_until, args=(stop, target, runs, texts, atomic))
-    writer.start()
-    seen = []
-    try:
-        for _ in range(scrapes):
-            text = exporter.scrape()
-            errors = _families(text)["node_textfile_scrape_error"]
-            seen.append(samples(text) if errors[0].value == 0 else set())
-    finally:
-        stop.set()
-        writer.join()
-    return seen, expected
+    target.write_bytes(first)
+    mid_write: list[set | None] = []
+    real_replace = os.replace
 
+    def scrape_then_replace(src: Any, dst: Any) -> None:
+        assert Path(src).parent == textfiles and not Path(src).name.endswith(".prom"), src
+        mid_write.append(_scraped(exporter))
+        real_replace(src, dst)
 
-def test_rewrites_are_never_half_read(textfiles, exporter, h100_report) -> None:
-    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=True, scrapes=100)
-    assert all(s in expected for s in seen), "a scrape saw a partial or mixed file"
-    assert all(any(s == e for s in seen) for e in expected), "the writer never raced the scrapes"
+    monkeypatch.setattr(os, "replace", scrape_then_replace)
+    prometheus.write([_two_runs(h100_report)[1]], target)
+    monkeypatch.undo()
+    assert mid_write == [samples(first.decode())]
+    assert _scraped(exporter) == samples(second.decode())
+    assert sorted(os.listdir(textfiles)) == ["nodecert.prom"]
 
 
 def test_an_in_place_rewrite_is_caught_half_read(textfiles, exporter, h100_report) -> None:
-    """The control for the test above: its completeness check does see a torn file."""
-    seen, expected = _race(textfiles, exporter, _two_runs(h100_report), atomic=False, scrapes=100)
-    assert any(s not in expected for s in seen)
+    """The control for the test above: a file rewritten in place and scraped half way through is
+    torn (unparsable, or a mix of runs), so the comparison above would see one."""
+    first, second = _complete_files(textfiles, _two_runs(h100_report))
+    target = textfiles / "nodecert.prom"
+    target.write_bytes(first)
+    with open(target, "wb") as f:
+        f.write(second[: len(second) // 2])
+        f.flush()
+        torn = _scraped(exporter)
+        f.write(second[len(second) // 2:])
+    assert torn not in (samples(first.decode()), samples(second.decode()))
+    assert _scraped(exporter) == samples(second.decode())
 
 
 def test_fleet_directory_through_the_fleet_cli(tmp_path, textfiles, exporter, h100_report) -> None:

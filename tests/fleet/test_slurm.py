@@ -219,7 +219,11 @@ def test_prolog_refuses_a_job_on_a_node_whose_last_verdict_failed(tmp_path) -> N
         assert slurm.last_verdict(state).failed
         c.run("sbatch", "-o", "/dev/null", str(job))
         assert _wait(lambda: "drain" in c.node_state("pj1")[0], 60), c.node_state("pj1")
-        time.sleep(1)
+        # A failed Prolog drains the node and requeues the job held (slurm.conf(5), Prolog:
+        # "unless nohold_on_prolog_fail is configured"): once it is held it cannot run, so the
+        # missing output is a fact, not a race lost or won.
+        assert _wait(lambda: "held" in c.run("squeue", "-h", "-o", "%T %r").lower(), 60), \
+            c.run("squeue", "-h", "-o", "%i %T %r")
         assert not out.exists(), "the job ran on a node whose last verdict failed"
         assert "last verdict failed" in c.log("slurmd.pj1") or "Prolog" in c.node_state("pj1")[1]
         # Repaired: a passing verdict and a resume let the (requeued) job run.
