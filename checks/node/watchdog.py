@@ -91,6 +91,18 @@ class _Reader:
             self.buf += chunk
 
 
+def _fork_safe_torch() -> None:
+    """One intra-op thread in a worker forked from a process that already had torch loaded.
+    torch's OpenMP runtime (libgomp) is not fork-safe: a parent that ran its thread pool leaves
+    the fork hanging in its first parallel region for good (measured: a 1024x1024 matmul after
+    fork never returns; with one thread it takes 0.1 s). `python -m checks` forks before torch
+    is loaded, so this only touches programs that embed the suite (a test run, a notebook); torch's
+    own fork-started DataLoader workers do the same."""
+    torch = sys.modules.get("torch")  # never imported here: only what the parent already loaded
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
+
+
 def _fork_worker(checks: list[Check], ctx: Context) -> tuple[int, int]:
     parent = os.getpid()
     read_fd, write_fd = os.pipe()
@@ -107,6 +119,7 @@ def _fork_worker(checks: list[Check], ctx: Context) -> tuple[int, int]:
             # otherwise stay held here for good.
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the worker
             sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            _fork_safe_torch()
             # Ctrl-C goes to the terminal's group, which this is not; SIGTERM from outside
             # unwinds the check (its launches kill their trees) like it does in the parent.
             _serve(checks, ctx, write_fd)

@@ -95,3 +95,27 @@ def test_blocked_and_failed_outcomes_cross_the_worker_boundary(ctx: Context) -> 
                                                       ("dependent", Status.SKIP)]
     assert outcomes[0].results[0].fault_code == "TST001"
     assert ctx.outcomes["base"].status is Status.FAIL
+
+
+EMBEDDED = """
+import json, sys, torch
+a = torch.randn(512, 512)
+(a @ a).sum()  # the parent's OpenMP pool is running now
+from checks.node import node_cli
+code = node_cli.main(["--level", "standard", "--only", "gpu-matmul", "--json", sys.argv[1], "--quiet"])
+print(json.dumps({"code": code}))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_forked_from_a_process_that_ran_torch_computes(tmp_path: Path) -> None:
+    """A program that ran torch before calling the suite (a test run, a notebook) forks the
+    worker with torch's OpenMP pool started; libgomp is not fork-safe, and the worker hung in its
+    first matmul until the check's timeout. It computes on one intra-op thread instead."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-c", EMBEDDED, str(report)], env=env_with_root(),
+                          capture_output=True, text=True, timeout=150, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (check,) = json.loads(report.read_text())["checks"]
+    (result,) = check["results"]
+    assert check["id"] == "gpu-matmul" and result["details"]["figures"]["cpu_matmul_fp32_gflops"] > 0, result
