@@ -613,9 +613,11 @@ def test_nvidias_590_and_later_are_installed_under_their_unbranched_names():
     assert _driver_packages("nvidia", "580") == ["nvidia-utils-580", "nvidia-headless-580-open", headers,
                                                  "nvidia-driver-pinning-580"]
     # Canonical's archive keeps the branch in its names.
-    assert _driver_packages("ubuntu", "590")[:2] == ["nvidia-utils-590-server", "nvidia-headless-590-server-open"]
-    assert matching("_nvidia_driver_unbranched_re", UNBRANCHED_590 + ["nvidia-utils-580", "nvidia-fabricmanager",
-                    "libnvidia-nscq", "nvidia-driver-pinning-590", "libnvidia-compute-580"]) == UNBRANCHED_590
+    assert _driver_packages("ubuntu", "590")[:2] == ["nvidia-utils-590-server",
+                                                     "nvidia-headless-590-server-open"]
+    others = ["nvidia-utils-580", "nvidia-fabricmanager", "libnvidia-nscq", "nvidia-driver-pinning-590",
+              "libnvidia-compute-580"]
+    assert matching("_nvidia_driver_unbranched_re", [*UNBRANCHED_590, *others]) == UNBRANCHED_590
 
 
 def _other_branches(branch: str, installed: dict[str, str]) -> list[str]:

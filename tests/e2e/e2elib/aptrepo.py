@@ -120,9 +120,14 @@ def nvidia_repo_driver(branch: str, version: str, kernel_release: str) -> list[P
 
     def package(name: str, conflicts: tuple[str, ...] = (), **kwargs) -> Package:
         # A versioned name conflicts with (and replaces) the unbranched one, as in Canonical's
-        # packaging; an unbranched package has nothing to declare (the versioned ones do it).
-        return Package(name, deb, source=source, from_nvidia=True,
-                       conflicts=[] if unbranched else list(conflicts), **kwargs)
+        # packaging. An unbranched package is modelled as conflicting with (and replacing) the
+        # versioned names of the earlier branches it takes over: an assumption, no published
+        # control file of NVIDIA's 590 packages was found; without it apt keeps the installed
+        # 580 package that Provides the name and refuses the move ("generated breaks").
+        if unbranched:
+            conflicts = tuple(f"{c}-{other}" for c in conflicts for other in NVIDIA_REPO_DRIVERS
+                              if int(other) < int(branch))
+        return Package(name, deb, source=source, from_nvidia=True, conflicts=list(conflicts), **kwargs)
 
     packages = [
         package(f"nvidia-kernel-common{b}"),
