@@ -438,15 +438,16 @@ def test_crosshost_pairs_needs_a_fork_per_host(cluster, ansible_home, workdir):
     assert not (workdir / "pairs-forks" / "pairs-forks" / "crosshost" / "analysis.json").exists()
 
 
-def test_rollback_580_to_570_from_nvidias_repository(
+def test_580_to_590_then_back_to_570_from_nvidias_repository(
     make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper, ansible_home, workdir
 ):
-    """A node on 580 from NVIDIA's repository rolled back to 570 (nvidia_driver_repository=nvidia).
-    Ubuntu's archive (here its stand-in on 127.0.0.2) has the 570 names too, as transitional
-    packages depending on 580 under a higher 570 version, which NVIDIA's pinning package also
-    matches: the role's preference for NVIDIA's repository must win. Then: 570 from NVIDIA's
-    repository installed and held, its pinning package in place of 580's, nothing of 580 left,
-    and a rerun changes nothing. Only the provisioning phases that touch the driver run."""
+    """A node on 580 from NVIDIA's repository (nvidia_driver_repository=nvidia) moved to 590, whose
+    packages carry no branch in their names, then rolled back to 570. Ubuntu's archive (here its
+    stand-in on 127.0.0.2) has the 570 names too, as transitional packages depending on 580 under a
+    higher 570 version, which NVIDIA's pinning package also matches: the role's preference for
+    NVIDIA's repository must win. Then: 570 from NVIDIA's repository installed and held, its
+    pinning package in place of 590's, nothing of 580 or 590 left, and a rerun changes nothing.
+    Only the provisioning phases that touch the driver run."""
     root = make_host("rollback-570", debian12_tarball)
     runner.fake_pci_device(root, "0000:3b:00.0", "26b9", "0x030200")  # an L40S: open modules
     (root / "etc/apt/keyrings").mkdir(parents=True, exist_ok=True)
@@ -486,6 +487,19 @@ def test_rollback_580_to_570_from_nvidias_repository(
     assert version(root, "nvidia-headless-580-open") == v580
     assert selections(root).get("nvidia-driver-pinning-580") == "hold"
 
+    # 590 from NVIDIA's repository: the same packages without the branch in their names, locked
+    # by the pinning package alone; they replace 580's in one go and are held.
+    on_590 = converge("590")
+    assert on_590.rc == 0, on_590.failure("rollback-570") or on_590
+    v590 = f"{aptrepo.NVIDIA_REPO_DRIVERS['590']}-0ubuntu1"
+    unbranched = ("nvidia-utils", "libnvidia-compute", "nvidia-headless-open", "nvidia-dkms-open",
+                  "nvidia-headless-no-dkms-open", "nvidia-kernel-common", "nvidia-compute-utils")
+    assert {p: version(root, p) for p in unbranched} == dict.fromkeys(unbranched, v590), installed()
+    assert not [line for line in installed().values() if line.split()[1].startswith("580.")], installed()
+    held = set(runner.in_root(root, "apt-mark", "showhold").stdout.split())
+    assert {*unbranched, "nvidia-driver-pinning-590"} <= held, held
+    assert "Pin: version 590.*" in (root / aptrepo.PINNING_FILE).read_text()
+
     rolled_back = converge("570")
     assert rolled_back.rc == 0, rolled_back
     v570 = f"{aptrepo.NVIDIA_REPO_DRIVERS['570']}-0ubuntu1"
@@ -508,16 +522,18 @@ def test_rollback_580_to_570_from_nvidias_repository(
     assert "Pin: version 570.*" in pin and "580" not in pin, pin
     preference = (root / "etc/apt/preferences.d/nodecert-nvidia-driver").read_text()
     assert "-570(-open)?$/" in preference and 'Pin: origin "127.0.0.1"' in preference, preference
-    # Nothing of 580 left, not even configuration files; the holds moved to 570.
-    assert not [line for name, line in packages.items() if "580" in name], packages
+    # Nothing of 580 or 590 left (590's names carry no branch: told by their version), not even
+    # configuration files; the holds moved to 570.
+    assert not [line for line in packages.values() if line.split()[1].startswith(("580.", "590."))], packages
     held = runner.in_root(root, "apt-mark", "showhold").stdout.split()
     assert {"nvidia-utils-570", "nvidia-headless-570-open", "nvidia-driver-pinning-570"} <= set(held), held
-    assert not [p for p in held if "580" in p], held
+    assert not [p for p in held if "580" in p or p in unbranched], held
     assert re.search(r"rollback-570 runs driver none, but 570\.211\.01 is installed", rolled_back.output)
 
     again = converge("570")
     print(
-        f"\nrollback: 580 {on_580.seconds:.0f}s, 570 {rolled_back.seconds:.0f}s, rerun {again.seconds:.0f}s"
+        f"\nrollback: 580 {on_580.seconds:.0f}s, 590 {on_590.seconds:.0f}s, 570 {rolled_back.seconds:.0f}s, "
+        f"rerun {again.seconds:.0f}s"
     )
     assert again.rc == 0, again
     assert again.recap["rollback-570"]["changed"] == 0, again.changed_tasks("rollback-570")

@@ -590,3 +590,77 @@ def bad_params(params) -> list[str]:
 )
 def test_module_options_are_checked_before_any_change(params, bad):
     assert bad_params(params) == bad
+
+
+# --- NVIDIA's repository from branch 590: names without the branch ---------------------------
+
+UNBRANCHED_590 = ["nvidia-utils", "libnvidia-compute", "nvidia-kernel-common", "nvidia-compute-utils",
+                  "nvidia-headless-no-dkms-open", "nvidia-dkms-open", "nvidia-headless-open"]
+
+
+def _driver_packages(repository: str, branch: str) -> list[str]:
+    return roletemplate.render(
+        "_nvidia_driver_packages", "nvidia_driver", **driver_facts(
+            nvidia_driver_repository=repository, nvidia_driver_branch=branch, _nvidia_driver_source="dkms"))
+
+
+def test_nvidias_590_and_later_are_installed_under_their_unbranched_names():
+    """NVIDIA Driver Installation Guide r590, "Ubuntu 590 package renames": the branch leaves the
+    names (libnvidia-compute-580 -> libnvidia-compute); the pinning package keeps it."""
+    headers = f"linux-headers-{KERNEL}"
+    assert _driver_packages("nvidia", "590") == ["nvidia-utils", "nvidia-headless-open", headers,
+                                                 "nvidia-driver-pinning-590"]
+    assert _driver_packages("nvidia", "580") == ["nvidia-utils-580", "nvidia-headless-580-open", headers,
+                                                 "nvidia-driver-pinning-580"]
+    # Canonical's archive keeps the branch in its names.
+    assert _driver_packages("ubuntu", "590")[:2] == ["nvidia-utils-590-server",
+                                                     "nvidia-headless-590-server-open"]
+    others = ["nvidia-utils-580", "nvidia-fabricmanager", "libnvidia-nscq", "nvidia-driver-pinning-590",
+              "libnvidia-compute-580"]
+    assert matching("_nvidia_driver_unbranched_re", [*UNBRANCHED_590, *others]) == UNBRANCHED_590
+
+
+def _other_branches(branch: str, installed: dict[str, str]) -> list[str]:
+    expression = task_var("nvidia_driver/tasks/install.yml", "Find driver packages of other branches",
+                          "_nvidia_driver_other_branches")
+    packages = {name: [{"version": version}] for name, version in installed.items()}
+    return roletemplate.render(
+        expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver",
+        **driver_facts(nvidia_driver_branch=branch, nvidia_driver_repository="nvidia",
+                       ansible_facts={"packages": packages}))
+
+
+def test_an_unbranched_package_of_another_branch_is_told_by_its_version():
+    on_590 = dict.fromkeys(UNBRANCHED_590, "590.48.01-0ubuntu1") | {
+        "nvidia-driver-pinning-590": "590-1ubuntu1", "nvidia-fabricmanager": "590.48.01-1", "curl": "8.5.0"}
+    assert _other_branches("570", on_590) == sorted([*UNBRANCHED_590, "nvidia-driver-pinning-590"])
+    assert _other_branches("590", on_590) == []
+    on_580 = {"nvidia-utils-580": "580.126.09-0ubuntu1", "libnvidia-compute-580": "580.126.09-0ubuntu1",
+              "nvidia-driver-pinning-580": "580-1ubuntu1"}
+    assert _other_branches("590", on_580) == sorted(on_580)
+
+
+# --- regular expressions in Jinja ------------------------------------------------------------
+
+def test_no_regex_in_the_playbooks_doubles_its_backslashes():
+    """ansible-core 2.19 keeps a Jinja string literal's backslashes as written: '\\\\.' in a folded
+    block is two backslashes and a dot, a regex that matches no version or file name (it left
+    vmlinuz-*.old among the kernels and NVreg values with spaces through). Regexes here use one
+    backslash or a class ([.], [|])."""
+    doubled = [f"{path.relative_to(roletemplate.ROLES.parent)}:{n}"
+               for path in sorted(roletemplate.ROLES.parent.rglob("*.yml"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if "\\\\" in line and not line.lstrip().startswith("#")]
+    assert doubled == []
+
+
+def test_the_kernels_found_in_boot_leave_out_old_and_signed_copies():
+    import yaml
+
+    tasks = yaml.safe_load((roletemplate.ROLES / "nvidia_driver/tasks/kernel.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Decide the kernel the modules are for"]
+    expression = task["vars"]["_nvidia_driver_installed_kernels"]
+    files = [{"path": f"/boot/vmlinuz-{k}"} for k in (KERNEL, f"{KERNEL}.old", f"{NEXT_KERNEL}.efi.signed")]
+    kernels = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver",
+                                  _nvidia_driver_boot_kernels={"files": files})
+    assert kernels == [KERNEL]

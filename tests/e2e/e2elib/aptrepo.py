@@ -60,7 +60,12 @@ NVLSM_VERSIONS = {"amd64": "2025.10.11-1", "arm64": "2025.10.14-1"}
 # for driver version 570.211.01" in NVIDIA's repository listing), 580.126.09 a 580 build listed
 # there too; NVIDIA's Ubuntu builds are versioned <version>-0ubuntu1 ("apt install
 # nvidia-driver-570=570.124.06-0ubuntu1" from NVIDIA's ubuntu2404 driver repository).
-NVIDIA_REPO_DRIVERS = {"570": "570.211.01", "580": "580.126.09"}
+# From 590 NVIDIA's repository drops the branch from the names (libnvidia-compute-580 ->
+# libnvidia-compute, nvidia-dkms-580-open -> nvidia-dkms-open: NVIDIA Driver Installation Guide r590,
+# "Recent Updates", table "Ubuntu 590 package renames", "renamed by removing the branch designation
+# from the package name"); 590.48.01 is the 590 build Ubuntu's archive carries too
+# (nvidia-kernel-common-590 590.48.01-0ubuntu0.24.04.4, noble).
+NVIDIA_REPO_DRIVERS = {"570": "570.211.01", "580": "580.126.09", "590": "590.48.01"}
 # nvidia-driver-pinning-<branch> ("APT driver pinning file for driver branch 570", versions such as
 # 580-5 on debian12 and 610-2ubuntu1 on Ubuntu): one file, /etc/apt/preferences.d/nvidia-driver-pin,
 # whose stanzas pin the branch's packages by source package and version at priority 1000
@@ -109,23 +114,33 @@ def nvidia_repo_driver(branch: str, version: str, kernel_release: str) -> list[P
     anything."""
     deb = f"{version}-0ubuntu1"
     exact = f"(= {deb})"
-    source = f"nvidia-graphics-drivers-{branch}"
+    unbranched = int(branch) >= 590
+    b = "" if unbranched else f"-{branch}"  # the branch in a name, from 590 on none
+    source = "nvidia-graphics-drivers" if unbranched else f"nvidia-graphics-drivers-{branch}"
 
-    def package(name: str, **kwargs) -> Package:
-        return Package(name, deb, source=source, from_nvidia=True, **kwargs)
+    def package(name: str, conflicts: tuple[str, ...] = (), **kwargs) -> Package:
+        # A versioned name conflicts with (and replaces) the unbranched one, as in Canonical's
+        # packaging. An unbranched package is modelled as conflicting with (and replacing) the
+        # versioned names of the earlier branches it takes over: an assumption, no published
+        # control file of NVIDIA's 590 packages was found; without it apt keeps the installed
+        # 580 package that Provides the name and refuses the move ("generated breaks").
+        if unbranched:
+            conflicts = tuple(f"{c}-{other}" for c in conflicts for other in NVIDIA_REPO_DRIVERS
+                              if int(other) < int(branch))
+        return Package(name, deb, source=source, from_nvidia=True, conflicts=list(conflicts), **kwargs)
 
     packages = [
-        package(f"nvidia-kernel-common-{branch}"),
+        package(f"nvidia-kernel-common{b}"),
         package(
-            f"libnvidia-compute-{branch}",
-            depends=[f"nvidia-kernel-common-{branch} {exact}"],
-            conflicts=["libnvidia-compute"],
+            f"libnvidia-compute{b}",
+            depends=[f"nvidia-kernel-common{b} {exact}"],
+            conflicts=("libnvidia-compute",),
             files={f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}": ("stand-in\n", 0o644)},
         ),
         package(
-            f"nvidia-utils-{branch}",
-            depends=[f"libnvidia-compute-{branch} {exact}"],
-            conflicts=["nvidia-utils"],
+            f"nvidia-utils{b}",
+            depends=[f"libnvidia-compute{b} {exact}"],
+            conflicts=("nvidia-utils",),
             files={
                 "usr/bin/nvidia-smi": _script(f"""
                     echo "NVIDIA-SMI stand-in   Driver Version: {version}"
@@ -134,8 +149,8 @@ def nvidia_repo_driver(branch: str, version: str, kernel_release: str) -> list[P
             },
         ),
         package(
-            f"nvidia-compute-utils-{branch}",
-            conflicts=["nvidia-compute-utils"],
+            f"nvidia-compute-utils{b}",
+            conflicts=("nvidia-compute-utils",),
             files={
                 "lib/systemd/system/nvidia-persistenced.service": (
                     "[Service]\nType=forking\nExecStart=/usr/bin/nvidia-persistenced --user "
@@ -162,23 +177,23 @@ def nvidia_repo_driver(branch: str, version: str, kernel_release: str) -> list[P
     for suffix in ("", "-open"):
         packages += [
             package(
-                f"nvidia-headless-no-dkms-{branch}{suffix}",
+                f"nvidia-headless-no-dkms{b}{suffix}",
                 depends=[
-                    f"libnvidia-compute-{branch} {exact}",
-                    f"nvidia-compute-utils-{branch} {exact}",
-                    f"nvidia-kernel-common-{branch} {exact}",
+                    f"libnvidia-compute{b} {exact}",
+                    f"nvidia-compute-utils{b} {exact}",
+                    f"nvidia-kernel-common{b} {exact}",
                 ],
             ),
             package(
-                f"nvidia-dkms-{branch}{suffix}",
-                depends=[f"nvidia-kernel-common-{branch} {exact}"],
+                f"nvidia-dkms{b}{suffix}",
+                depends=[f"nvidia-kernel-common{b} {exact}"],
                 files={f"usr/src/nvidia-{version}/dkms.conf": (f'PACKAGE_VERSION="{version}"\n', 0o644)},
             ),
             package(
-                f"nvidia-headless-{branch}{suffix}",
+                f"nvidia-headless{b}{suffix}",
                 depends=[
-                    f"nvidia-headless-no-dkms-{branch}{suffix} {exact}",
-                    f"nvidia-dkms-{branch}{suffix} {exact}",
+                    f"nvidia-headless-no-dkms{b}{suffix} {exact}",
+                    f"nvidia-dkms{b}{suffix} {exact}",
                 ],
             ),
         ]
@@ -270,8 +285,6 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                 )
                 for kernel in kernels
             ]
-        if int(branch) >= 590:
-            packages.append(Package(f"nvidia-driver-pinning-{branch}", f"{version}-1", architecture="all"))
         unversioned = branch in UNVERSIONED_FABRIC_MANAGER
         for fm_version in (version, OLDER_FABRIC_MANAGER[branch]):
             deb = f"{fm_version}-1"
