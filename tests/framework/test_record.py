@@ -32,7 +32,7 @@ from checks.hw.base import (
 )
 from checks.hw.fixture import FixtureBackend, load_scenario, shipped
 from checks.node import node_cli as cli
-from checks.node import record, recorder
+from checks.node import record, record_gpus, record_host, recorder
 
 # Checks whose value moves on its own between two reads of a live GPU (not a hardware fact).
 VOLATILE = {"gpu-temperature", "clock-throttle"}
@@ -95,10 +95,10 @@ def view(hw: Backend) -> dict[str, Any]:
     """Every answer the checks can get from a backend (kernel log and environment as recorded)."""
     seen: dict[str, Any] = {name: _call(getattr(hw, name)) for name in HOST_METHODS}
     seen["module_signer"] = _call(lambda: hw.module_signer("nvidia"))
-    seen["services"] = {u: _call(lambda u=u: hw.service_state(u)) for u in recorder.SERVICES}
+    seen["services"] = {u: _call(lambda u=u: hw.service_state(u)) for u in record_host.SERVICES}
     seen["kernel_log"] = _call(lambda: [ln for ln in hw.kernel_log()
-                                        if recorder.KERNEL_LOG_RE.search(ln)])
-    seen["environ"] = recorder.environment(hw.environ())
+                                        if record_host.KERNEL_LOG_RE.search(ln)])
+    seen["environ"] = record_host.environment(hw.environ())
     try:
         nvml = hw.nvml()
     except NvmlUnavailable as exc:
@@ -187,10 +187,10 @@ def test_nvlink_is_written_short_only_when_it_expands_back_exactly() -> None:
     links = [{"link": i, "active": i != 3,
               "errors": {"replay": 7 if i == 1 else 0, "recovery": 0, "crc_flit": 0}}
              for i in range(4)]
-    assert recorder._compact_nvlink(links) == {"links": 4, "inactive": [3],
-                                             "errors": {1: {"replay": 7}}}
+    assert record_gpus._compact_nvlink(links) == {"links": 4, "inactive": [3],
+                                                "errors": {1: {"replay": 7}}}
     partial = [{"link": 0, "active": True, "errors": {"replay": 0}}]  # counters not supported
-    assert recorder._compact_nvlink(partial) == partial
+    assert record_gpus._compact_nvlink(partial) == partial
 
 
 def test_kernel_log_keeps_the_lines_that_matter_latest_last(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_kernel_log_keeps_the_lines_that_matter_latest_last(tmp_path: Path) -> N
     hw = FixtureBackend({"host": {"kernel_log": lines}, "gpus": []})
     rec = write_recording(hw, tmp_path / "k.yaml")
     kept = rec.scenario["host"]["kernel_log"]
-    assert len(kept) == recorder.KERNEL_LOG_MAX
+    assert len(kept) == record_host.KERNEL_LOG_MAX
     assert kept[-1].startswith("[2000.0] mlx5_core") and kept[-2].endswith("pid=999")
     assert not any("EXT4" in ln or "e1000" in ln for ln in kept)
     assert rec.notes and "of 1001 matching lines" in rec.notes[0]
