@@ -1,4 +1,4 @@
-"""The rdma role for real: converged twice on fresh roots (Debian 12, plus Ubuntu 22.04 when an
+"""The rdma role for real: converged twice on fresh roots (Debian 12, plus Ubuntu 24.04 when an
 Ubuntu archive answers), the second run changing nothing, then assertions on what the roots hold;
 and `--check` on a fresh root leaving it byte-identical.
 
@@ -100,9 +100,9 @@ def converged(e2e_ready, workdir, debian12_tarball, chroot_wrapper, ansible_home
     stale = roots["rdma-plain"] / "etc/modules-load.d/nodecert-rdma.conf"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("nvidia-peermem\n")
-    if rootfs.archive_answers(rootfs.UBUNTU_2204) is None:
-        roots["rdma-jammy"] = rootfs.unpack(
-            rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE), workdir / "hosts" / "rdma-jammy"
+    if rootfs.archive_answers(rootfs.UBUNTU_2404) is None:
+        roots["rdma-noble"] = rootfs.unpack(
+            rootfs.cached_tarball(rootfs.UBUNTU_2404, CACHE), workdir / "hosts" / "rdma-noble"
         )
     inventory = runner.write_inventory(
         workdir / "rdma.yml",

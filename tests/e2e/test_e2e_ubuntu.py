@@ -1,6 +1,6 @@
-"""provision.yml on Ubuntu 22.04 (jammy) and 24.04 (noble) roots with Canonical's real packages
-from Ubuntu's archive, when it answers (each release is probed; a case whose archive does not
-answer is skipped with the reason).
+"""provision.yml on Ubuntu 24.04 (noble) roots with Canonical's real packages from Ubuntu's
+archive, when it answers (each release is probed; a case whose archive does not answer is skipped
+with the reason), and the refusal of Ubuntu 22.04 (jammy) before any change.
 
 The roots start as a fresh cloud image does (rootfs.cached_ubuntu_image): every component in the
 release, -updates and -security pockets, and a -generic kernel through linux-image-virtual. The
@@ -11,19 +11,17 @@ on the controller (each file downloaded once, kept across runs), maintainer scri
 what NVIDIA alone ships (cuda-keyring, cuda-toolkit-12-8, libnccl2/-dev) comes from the signed
 stand-in of NVIDIA's repository, in its NVIDIA-only form.
 
-Three hosts, three starting points, one run (then a second that must change nothing):
-  jammy-hgx    a fresh jammy image on an HGX H100 board (eight GPUs, four NVSwitches);
+Two hosts, two starting points, one run (then a second that must change nothing):
   noble-535    a noble HGX H100 node running branch 535 from noble's release pocket (the genuine
                535, before Ubuntu made 535-server transitional), held: upgraded to 580, the holds
                moved, nothing of 535 left;
   noble-image  a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
                repository) and unattended-upgrades configured to upgrade everything.
+A third, a debootstrapped jammy root with the defaults, must be refused in the first check.
 
 torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
-stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch). noble installs this
-project's wheel; jammy's Python 3.10 is below its requires-python, so jammy installs through
-pytorch_nodecert_requirement, and a separate run checks that the defaults stop in the checks
-before any change.
+stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch) beside this project's
+wheel.
 """
 
 from __future__ import annotations
@@ -51,20 +49,12 @@ BRANCH = "580"
 class Host:
     release: rootfs.Release
     python: str
-    installs_project: bool
     devices: str  # "hgx" or "l40s"
 
 
 HOSTS = {
-    "jammy-hgx": Host(rootfs.UBUNTU_2204, "3.10", installs_project=False, devices="hgx"),
-    "noble-535": Host(rootfs.UBUNTU_2404, "3.12", installs_project=True, devices="hgx"),
-    "noble-image": Host(rootfs.UBUNTU_2404, "3.12", installs_project=True, devices="l40s"),
-}
-JAMMY_VARS = {
-    # Not this project (it needs Python >= 3.11): a requirement the wheelhouse satisfies, so the
-    # role's install-from-an-index branch runs. See the module docstring.
-    "pytorch_nodecert_requirement": "torch==2.13.0",
-    "pytorch_import_check": ["torch"],
+    "noble-535": Host(rootfs.UBUNTU_2404, "3.12", devices="hgx"),
+    "noble-image": Host(rootfs.UBUNTU_2404, "3.12", devices="l40s"),
 }
 # The genuine 535 in noble's release pocket (-updates has only the transitional 535 -> 580).
 OLD_BRANCH_PACKAGES = (
@@ -108,12 +98,25 @@ def start_on_branch_535(root: Path) -> None:
     apt_in(root, "apt-mark", "hold", *[p for p in installed if "535" in p])
 
 
+def release_pocket_version(root: Path, package: str) -> str:
+    """The version of package in the release pocket itself (not -updates or -security)."""
+    madison = apt_in(root, "apt-cache", "madison", package).stdout
+    suite = rootfs.UBUNTU_2404.suite
+    (found,) = [line.split("|")[1].strip() for line in madison.splitlines() if f" {suite}/main " in line]
+    return found
+
+
 def start_as_vendor_image(root: Path, nvidia_repo: aptrepo.StandInRepo, workdir: Path) -> None:
     deb = aptrepo.build_deb(
         aptrepo.cuda_keyring(nvidia_repo, "ubuntu2404"), workdir / "keyring-ubuntu", workdir
     )
     apt_in(root, "apt-get", "update", "-q")
     apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", "unattended-upgrades")
+    # curl as noble released it, so that -security has an update for it (libcurl4t64 is what the
+    # blacklist's old '^libcu' swallowed).
+    curl = release_pocket_version(root, "libcurl4t64")
+    apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends", "--allow-downgrades",
+           f"curl={curl}", f"libcurl4t64={curl}")
     (root / "etc/apt/apt.conf.d/52nodecert-e2e-upgrade-everything").write_text(UPGRADE_EVERYTHING)
     runner.preinstall_deb(root, deb)
 
@@ -153,7 +156,7 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
             skipped[name] = f"no Ubuntu archive: {reason}"
             continue
         tarball = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config())
-        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, host.installs_project)
+        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, True)
         root = rootfs.unpack(tarball, workdir / "hosts" / name)
         rootfs.use_proxy(root, proxy.apt_config())
         wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
@@ -177,8 +180,7 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
         "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
         "preflight_gpu_distributions": ["Ubuntu"],  # the default: these are Ubuntu roots
     }
-    host_vars = {"jammy-hgx": JAMMY_VARS} if "jammy-hgx" in roots else {}
-    runner.write_inventory(inventory, roots, chroot_wrapper, group_vars, host_vars)
+    runner.write_inventory(inventory, roots, chroot_wrapper, group_vars)
     first = runner.run_playbook(
         "provision.yml", inventory, ansible_home("ubuntu"), forks=len(roots), timeout=1800
     )
@@ -331,7 +333,7 @@ def test_branch_535_was_replaced(ubuntu):
 def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
     """cuda-keyring's entry is switched off (apt works, our key verifies the repository), and
     unattended-upgrades, told to upgrade everything, leaves NVIDIA's packages alone although the
-    repository offers a newer NCCL."""
+    repository offers a newer NCCL, while curl's security update from noble-security goes through."""
     if "noble-image" in ubuntu.skipped:
         pytest.skip(ubuntu.skipped["noble-image"])
     root = ubuntu.roots["noble-image"]
@@ -373,6 +375,12 @@ def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
     ]
     assert touched == [], said[-3000:]
     assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+    # Everything else still gets its security updates: curl, held back by no rule of ours.
+    assert not re.search(r"^skipping blacklisted package (lib)?curl", said, re.M), said[-3000:]
+    upgraded = {p for line in upgrades for p in line.split()}
+    assert {"curl", "libcurl4t64"} <= upgraded, said[-3000:]
+    security = apt_in(root, "apt-cache", "madison", "libcurl4t64").stdout
+    assert f"{rootfs.UBUNTU_2404.suite}-security/main" in security, security
 
 
 def test_venv_with_the_stand_in_torch(ubuntu, host):
@@ -386,44 +394,79 @@ def test_venv_with_the_stand_in_torch(ubuntu, host):
     assert probe.stdout.split() == ["2.13.0", HOSTS[host].python], probe.stderr
     lock = (root / "opt/nodecert/requirements.lock").read_text()
     assert re.search(r"^torch==2\.13\.0$", lock, re.M)
-    if HOSTS[host].installs_project:
-        imports = runner.in_root(root, "/opt/nodecert/venv/bin/python", "-c", "import checks, trainer, numpy")
-        assert imports.returncode == 0, imports.stderr
-        assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
-    else:
-        assert not re.search(r"^nodecert", lock, re.M)
+    imports = runner.in_root(root, "/opt/nodecert/venv/bin/python", "-c", "import checks, trainer, numpy")
+    assert imports.returncode == 0, imports.stderr
+    assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
 
 
-def test_jammy_python_too_old_is_named_before_any_change(
-    ubuntu, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
-):
-    """With the role's defaults (install this project) jammy's Python 3.10 fails the checks that
-    run on every node before any change, naming the fix."""
-    if "jammy-hgx" in ubuntu.skipped:
-        pytest.skip(ubuntu.skipped["jammy-hgx"])
-    root = rootfs.unpack(
-        rootfs.cached_ubuntu_image(rootfs.UBUNTU_2204, CACHE, proxy.url, proxy.apt_config()),
-        workdir / "hosts" / "jammy-defaults",
-    )
-    rootfs.use_proxy(root, proxy.apt_config())
-    wheelhouse.link_into(
-        wheelhouse.cached_standin_wheelhouse(REPO, CACHE, "3.10", False), root, WHEELHOUSE_IN_HOST
-    )
+def test_jammy_is_refused_before_any_change(workdir, base_vars, nvidia_repo, chroot_wrapper, ansible_home):
+    """Ubuntu 22.04 is not supported (its Python is 3.10; this project needs 3.11): a jammy root
+    with the defaults, this project's own package included, stops in the first check of the
+    checks that run on every node, with one line saying why and what to do, and nothing in the
+    root changes."""
+    reason = rootfs.archive_answers(rootfs.UBUNTU_2204, timeout=PROBE_TIMEOUT)
+    if reason:
+        pytest.skip(f"no Ubuntu archive: {reason}")
+    root = rootfs.unpack(rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE), workdir / "hosts" / "jammy")
     runner.hgx_h100(root)
     group_vars = {
         **base_vars,
         "cuda_toolkit_repo_url": nvidia_repo.url,
         "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
+        "preflight_gpu_distributions": ["Ubuntu"],
     }
+    # What a run may write without changing the node: Ansible's own temporary files.
+    scratch = ("root/.ansible", "tmp", "var/tmp")
+    before = rootfs.tree_digest(root, exclude=scratch)
     inventory = runner.write_inventory(
-        workdir / "ubuntu-jammy-defaults.yml", {"jammy": root}, chroot_wrapper, group_vars
+        workdir / "ubuntu-jammy.yml", {"jammy": root}, chroot_wrapper, group_vars
     )
-    result = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu-jammy-defaults"))
+    result = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu-jammy"))
     assert result.rc == 2, result
     message = result.failure("jammy")
-    assert "/usr/bin/python3 on jammy is Python 3.10, but this project needs Python >= 3.11" in message, (
-        result
+    assert "\n" not in message.strip(), message
+    refusal = "jammy runs Ubuntu 22.04; these roles support Ubuntu 24.04, Debian 12."
+    assert message.startswith(refusal), message
+    assert "python3 is 3.10" in message and "Upgrade to 24.04" in message, message
+    assert "TASK [preflight : Check that the operating system is supported]" in result.output
+    assert result.recap["jammy"]["changed"] == 0, result.changed_tasks("jammy")
+    assert rootfs.tree_digest(root, exclude=scratch) == before, "the refused root changed"
+
+
+def test_check_mode_on_a_fresh_noble_node_changes_nothing(
+    workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
+):
+    """`make provision CHECK=1`, the documented first step, on a fresh noble HGX image: it passes
+    (noble's own libnccl2 2.18.5 in multiverse is no reason to stop) and leaves the root
+    byte-identical (no apt planner log, no package lists, no holds)."""
+    reason = rootfs.archive_answers(rootfs.UBUNTU_2404, timeout=PROBE_TIMEOUT)
+    if reason:
+        pytest.skip(f"no Ubuntu archive: {reason}")
+    root = rootfs.unpack(
+        rootfs.cached_ubuntu_image(rootfs.UBUNTU_2404, CACHE, proxy.url, proxy.apt_config()),
+        workdir / "hosts" / "noble-check",
     )
-    assert "pytorch_python" in message
-    assert not (root / "etc/apt/sources.list.d/nvidia-cuda.list").exists(), "changed before the checks failed"
-    assert "Check every node before changing any" in result.output
+    rootfs.use_proxy(root, proxy.apt_config())
+    wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, "3.12", True)
+    wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
+    runner.hgx_h100(root)
+    group_vars = {
+        **base_vars,
+        "cuda_toolkit_repo_url": nvidia_repo.url,
+        "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
+        "preflight_gpu_distributions": ["Ubuntu"],
+    }
+    scratch = ("root/.ansible",)
+    before = rootfs.tree_digest(root, exclude=scratch)
+    inventory = runner.write_inventory(
+        workdir / "ubuntu-check.yml", {"noble-check": root}, chroot_wrapper, group_vars
+    )
+    result = runner.run_playbook(
+        "provision.yml", inventory, ansible_home("ubuntu-check"), "--check", "--diff"
+    )
+    assert result.rc == 0, result
+    assert result.recap["noble-check"]["changed"] > 0, "check mode should report what it would change"
+    after = rootfs.tree_digest(root, exclude=scratch)
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    assert changed == [], f"check mode changed the root: {changed[:20]}"
+    assert "a real run installs cuda-toolkit-12-8" in result.output

@@ -664,3 +664,86 @@ def test_the_kernels_found_in_boot_leave_out_old_and_signed_copies():
     kernels = roletemplate.render(expression.strip().removeprefix("{{").removesuffix("}}"), "nvidia_driver",
                                   _nvidia_driver_boot_kernels={"files": files})
     assert kernels == [KERNEL]
+
+
+# --- Supported operating systems -------------------------------------------------------------------
+
+GENERIC_PROFILE = roletemplate.ROLES.parents[1] / "checks/profiles/generic.yaml"
+PROVISIONED = {"Ubuntu": ["24.04"], "Debian": ["12"]}
+
+
+def os_supported(distribution: str, version: str, **overrides) -> tuple[bool, str]:
+    """The preflight OS assertion as the play evaluates it: (passes, its message on one line)."""
+    tasks = __import__("yaml").safe_load((roletemplate.ROLES / "preflight/tasks/preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Check that the operating system is supported"]
+    facts = {
+        "ansible_facts": {
+            "distribution": distribution,
+            "distribution_version": version,
+            "distribution_major_version": version.split(".")[0],
+        },
+        "inventory_hostname": "node1",
+        **overrides,
+    }
+    versions = task["vars"]["_preflight_versions"]
+    facts["_preflight_versions"] = roletemplate.render_text(versions, "preflight", **facts)
+    passes = roletemplate.render(task["ansible.builtin.assert"]["that"], "preflight", **facts)
+    message = roletemplate.render_text(task["ansible.builtin.assert"]["fail_msg"], "preflight", **facts)
+    return bool(passes), " ".join(message.split())
+
+
+def test_the_playbooks_provision_ubuntu_2404_and_debian_12_only():
+    assert roletemplate.render("preflight_supported_distributions", "preflight") == PROVISIONED
+
+
+def test_every_provisioned_release_is_one_the_node_checks_know():
+    """The node checks (host.supported_os) verify a wider list than the playbooks provision (22.04
+    nodes are verified, not provisioned); never a narrower one."""
+    known = __import__("yaml").safe_load(GENERIC_PROFILE.read_text())["host"]["supported_os"]
+    for name, versions in PROVISIONED.items():
+        assert set(versions) <= set(known[name.lower()]), name
+
+
+@pytest.mark.parametrize(
+    ("distribution", "version", "supported"),
+    [("Ubuntu", "24.04", True), ("Debian", "12.11", True), ("Ubuntu", "22.04", False),
+     ("Ubuntu", "20.04", False), ("Rocky", "9.4", False)],
+)
+def test_the_os_check_follows_the_list(distribution, version, supported):
+    passes, message = os_supported(distribution, version)
+    assert passes is supported
+    listed = "these roles support Ubuntu 24.04, Debian 12."
+    assert message.startswith(f"node1 runs {distribution} {version}; {listed}")
+
+
+def test_ubuntu_2204_is_refused_with_the_reason_and_the_way_out():
+    _, message = os_supported("Ubuntu", "22.04")
+    assert "python3 is 3.10" in message and "Upgrade to 24.04" in message
+    assert "Python" not in os_supported("Ubuntu", "20.04")[1]
+
+
+def test_an_operator_may_add_a_release_at_their_own_risk():
+    override = {"preflight_supported_distributions": {"Ubuntu": ["22.04", "24.04"], "Debian": [12]}}
+    assert os_supported("Ubuntu", "22.04", **override)[0]
+    assert os_supported("Debian", "12.11", **override)[0]
+    assert not os_supported("Debian", "11.9", **override)[0]
+
+
+def test_every_roles_galaxy_platforms_are_the_provisioned_releases():
+    """Galaxy metadata must be literal: it is held to the preflight list instead."""
+    yaml = __import__("yaml")
+    codenames = {("Ubuntu", "24.04"): "noble", ("Debian", "12"): "bookworm"}
+    wanted = {name: sorted(codenames[(name, v)] for v in versions) for name, versions in PROVISIONED.items()}
+    for meta in sorted(roletemplate.ROLES.glob("*/meta/main.yml")):
+        platforms = yaml.safe_load(meta.read_text())["galaxy_info"]["platforms"]
+        assert {p["name"]: sorted(p["versions"]) for p in platforms} == wanted, meta
+
+
+def test_no_role_repeats_another_roles_pin_as_a_fallback():
+    """The driver branch and the CUDA release are set by their own roles only; the roles that follow
+    them name the variable, never a copy of its value."""
+    roles = roletemplate.ROLES
+    files = [*roles.glob("*/defaults/main.yml"), *roles.glob("*/meta/argument_specs.yml")]
+    fallback = re.compile(r"(nvidia_driver_branch|cuda_toolkit_version) \| default\(")
+    for path in sorted(files):
+        assert not fallback.search(path.read_text()), path

@@ -56,11 +56,16 @@ def render(expression: str, *roles: str, **facts: Any) -> Any:
     return templar.template(trust_as_template("{{ " + expression + " }}"))
 
 
-def render_file(template: Path, *roles: str, **facts: Any) -> str:
-    """A role's template file rendered as the template module would (ansible_managed included)."""
+def render_text(text: str, *roles: str, **facts: Any) -> Any:
+    """A template (a task's message, a file's text) rendered as a play would."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
     variables = {"ansible_managed": "Ansible managed", **role_variables(*roles), **facts}
     templar = Templar(loader=DataLoader(), variables=variables)
-    return templar.template(trust_as_template(template.read_text()))
+    return templar.template(trust_as_template(text))
+
+
+def render_file(template: Path, *roles: str, **facts: Any) -> str:
+    """A role's template file rendered as the template module would (ansible_managed included)."""
+    return render_text(template.read_text(), *roles, **facts)
