@@ -98,6 +98,9 @@ class Package:
     conflicts: list[str] = field(default_factory=list)  # also written as Replaces
     source: str = ""
     from_nvidia: bool = False  # a package of NVIDIA's repository although Ubuntu has the name too
+    # Further control fields written as given (Pre-Depends, Breaks, Replaces, Recommends...), for
+    # packages whose real control file has them without the Provides that `conflicts` adds.
+    control: dict[str, str] = field(default_factory=dict)
 
 
 def _script(text: str) -> tuple[str, int]:
@@ -210,6 +213,72 @@ def ubuntu_transitional_570() -> list[Package]:
             source="nvidia-graphics-drivers-570",
         )
         for name, target in UBUNTU_TRANSITIONAL_570.items()
+    ]
+
+
+# DCGM 4 in NVIDIA's CUDA repository. Real (NVIDIA/DCGM, cmake/packaging.cmake and CMakeLists.txt
+# at the "DCGM 4.6.0" commit 72fa3fe): the packages are datacenter-gpu-manager-4-core and one
+# datacenter-gpu-manager-4-cuda<major> per CUDA major (11, 12, 13), versioned
+# <epoch 1>:<version>-1; core "Depends: libc6 (>= 2.27), lshw", "Pre-Depends: passwd, login",
+# "Conflicts: datacenter-gpu-manager"; each cuda<major> "Depends: datacenter-gpu-manager-4-core
+# (= 1:<version>-1)", "Provides: datacenter-gpu-manager-4 (= 1:<version>-1)", "Recommends:
+# libnuma1"; core ships /usr/bin/dcgmi, /usr/bin/nv-hostengine and
+# /usr/lib/systemd/system/nvidia-dcgm.service ([Install] Alias=dcgm.service,
+# WantedBy=multi-user.target; scripts/verify_package_contents/datacenter-gpu-manager-core_amd64.deb.txt,
+# config-files/systemd/nvidia-dcgm.service.in). Modelled: that the CUDA repository serves 4.6.0
+# under those names (no published Packages file of it was found); the stubs' contents; core's
+# postinst (which adds the nvidia-dcgm user) is left out.
+DCGM_VERSION = "1:4.6.0-1"
+DCGM_CUDA_MAJORS = ("12", "13")
+
+
+def dcgm_packages(version: str = DCGM_VERSION) -> list[Package]:
+    upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
+    core = Package(
+        "datacenter-gpu-manager-4-core",
+        version,
+        depends=["libc6 (>= 2.27)", "lshw"],
+        control={"Pre-Depends": "passwd, login", "Conflicts": "datacenter-gpu-manager"},
+        files={
+            "usr/bin/dcgmi": _script(f"""
+                case "$1" in
+                  --version|-v) echo "dcgmi  version: {upstream}"; exit 0 ;;
+                esac
+                echo "Error: unable to establish a connection to the specified host: localhost" >&2
+                exit 255
+            """),
+            "usr/bin/nv-hostengine": _script("exit 0\n"),
+            "usr/lib/systemd/system/nvidia-dcgm.service": (
+                textwrap.dedent("""\
+                    [Unit]
+                    Description=NVIDIA DCGM service (stand-in)
+
+                    [Service]
+                    User=root
+                    Environment="DCGM_HOME_DIR=/var/log/nvidia-dcgm"
+                    ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+                    Restart=on-abort
+
+                    [Install]
+                    Alias=dcgm.service
+                    WantedBy=multi-user.target
+                    """),
+                0o644,
+            ),
+        },
+    )
+    return [core] + [
+        Package(
+            f"datacenter-gpu-manager-4-cuda{major}",
+            version,
+            depends=[f"datacenter-gpu-manager-4-core (= {version})"],
+            provides=[f"datacenter-gpu-manager-4 (= {version})"],
+            control={"Recommends": "libnuma1"},
+            files={
+                f"usr/lib/x86_64-linux-gnu/libdcgm_cublas_proxy{major}.so.4": ("stand-in\n", 0o644),
+            },
+        )
+        for major in DCGM_CUDA_MAJORS
     ]
 
 
@@ -421,6 +490,7 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                 files={"usr/include/nccl.h": (f"/* {version} */\n", 0o644)},
             ),
         ]
+    packages += dcgm_packages()
     for package in packages:
         if package.architecture != "all":
             package.architecture = architecture
@@ -448,6 +518,7 @@ def build_deb(package: Package, workdir: Path, outdir: Path) -> Path:
     if package.conflicts:
         control.append(f"Conflicts: {', '.join(package.conflicts)}")
         control.append(f"Replaces: {', '.join(package.conflicts)}")
+    control += [f"{key}: {value}" for key, value in package.control.items()]
     control.append(f"Description: stand-in for {package.name} (nodecert e2e tests)")
     (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
     for rel, (content, mode) in package.files.items():
@@ -566,7 +637,7 @@ def nvidia_only(package: Package) -> bool:
     """What only NVIDIA's CUDA repository ships (the rest is in Ubuntu's archive)."""
     return (
         package.from_nvidia
-        or package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-"))
+        or package.name.startswith(("cuda-", "libnccl", "nvidia-driver-pinning-", "datacenter-gpu-manager-"))
         or package.name in ("nvidia-fabricmanager", "nvidia-imex", "libnvsdm", "nvlsm")
     )
 
@@ -659,6 +730,213 @@ def _index(directory: Path, origin: str, label: str) -> None:
         capture_output=True,
     ).stdout
     (directory / "Release").write_bytes(release)
+
+
+# --- NVIDIA's container toolkit repository (served apart from the CUDA one, as NVIDIA does) ---
+#
+# Real (the published index, https://nvidia.github.io/libnvidia-container/stable/deb/amd64/Packages,
+# i.e. NVIDIA/libnvidia-container's gh-pages branch at commit 69f4ab7, which lists 1.20.1-1 as the
+# newest): nvidia-container-toolkit "Depends: nvidia-container-toolkit-base (= V),
+# libnvidia-container-tools (= V)" and "Breaks/Replaces: nvidia-container-runtime (<= 3.5.0-1),
+# nvidia-container-runtime-hook"; nvidia-container-toolkit-base has no Depends;
+# libnvidia-container-tools "Depends: libnvidia-container1 (= V), libc6 (>= 2.14), libcap2 (>= 1:2.10)";
+# libnvidia-container1 "Depends: libc6 (>= 2.27), libcap2 (>= 1:2.10), libseccomp2 (>= 0.0.0~20120605)".
+# The layout is NVIDIA's: a flat repository per architecture under <url>/stable/deb/<arch>/, entered
+# as "deb [signed-by=...] <url>/stable/deb/$(ARCH) /" (its stable/deb/nvidia-container-toolkit.list),
+# the armoured key at <url>/gpgkey. Modelled: the binaries are stubs, and nvidia-ctk is a small
+# Python program doing to the runtime configs what `nvidia-ctk runtime configure` 1.20 does
+# (cmd/nvidia-ctk/runtime/configure and pkg/config/engine in NVIDIA/nvidia-container-toolkit v1.20.0):
+# docker: add runtimes.<name> = {"args": [], "path": "nvidia-container-runtime"} (and
+# "default-runtime" with --set-as-default) to /etc/docker/daemon.json, written as Go's
+# json.MarshalIndent writes it (keys sorted, four spaces, no final newline), creating the directory;
+# containerd: write the runtime into the drop-in /etc/containerd/conf.d/99-nvidia.toml and make
+# /etc/containerd/config.toml import /etc/containerd/conf.d/*.toml (the real tool re-serialises
+# the whole TOML file; this one only adds the two keys it needs). --dry-run prints instead.
+CONTAINER_TOOLKIT_VERSIONS = ("1.20.0-1", "1.20.1-1")
+CONTAINER_TOOLKIT_PREFIX = "libnvidia-container"
+
+FAKE_NVIDIA_CTK = r'''#!/usr/bin/python3
+"""Stand-in for nvidia-ctk (nodecert e2e tests): `runtime configure` for docker and containerd."""
+import json, os, re, sys
+
+VERSION = "@UPSTREAM@"
+DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
+IMPORT = "/etc/containerd/conf.d/*.toml"
+ALIASES = {"nvidia-runtime-name": "name", "nvidia-runtime-path": "path", "runtime-path": "path"}
+
+
+def save(path, text, dry_run):
+    if dry_run:
+        print(text)
+        return
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    with open(path, "w") as out:
+        out.write(text)
+    print(f'level=info msg="Wrote updated config to {path}"', file=sys.stderr)
+
+
+def docker(opts):
+    path = opts.get("config") or "/etc/docker/daemon.json"
+    config = {}
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path) as src:
+            config = json.load(src)
+    runtime = {"args": [], "path": opts["path"] or "nvidia-container-runtime"}
+    config.setdefault("runtimes", {})[opts["name"]] = runtime
+    if opts["default"]:
+        config["default-runtime"] = opts["name"]
+    save(path, json.dumps(config, indent=4, sort_keys=True), opts["dry_run"])
+
+
+def containerd(opts):
+    name, binary = opts["name"], opts["path"] or "/usr/bin/nvidia-container-runtime"
+    base = 'plugins."io.containerd.grpc.v1.cri".containerd'
+    drop_in = ["version = 2", "", "[plugins]", "", '  [plugins."io.containerd.grpc.v1.cri"]', "",
+               f"    [{base}]"]
+    if opts["default"]:
+        drop_in.append(f'      default_runtime_name = "{name}"')
+    drop_in += ["", f"      [{base}.runtimes]", "", f"        [{base}.runtimes.{name}]",
+                '          runtime_type = "io.containerd.runc.v2"', "",
+                f"          [{base}.runtimes.{name}.options]", f'            BinaryName = "{binary}"', ""]
+    top_path = opts.get("config") or "/etc/containerd/config.toml"
+    top = open(top_path).read() if os.path.exists(top_path) else ""
+    match = re.search(r"^imports\s*=\s*\[(.*)\]\s*$", top, re.M)
+    if match is None:
+        top = f'imports = ["{IMPORT}"]\n' + top
+    elif IMPORT not in match.group(1):
+        listed = [item.strip() for item in match.group(1).split(",") if item.strip()]
+        line = "imports = [" + ", ".join([*listed, f'"{IMPORT}"']) + "]"
+        top = top[:match.start()] + line + top[match.end():]
+    if not re.search(r"^version\s*=", top, re.M):
+        top += "version = 2\n"
+    save(DROP_IN, "\n".join(drop_in), opts["dry_run"])
+    save(top_path, top.rstrip("\n"), opts["dry_run"])
+
+
+def main(argv):
+    if argv[:1] in (["--version"], ["-v"]):
+        print(f"NVIDIA Container Toolkit CLI version {VERSION}")
+        return 0
+    if argv[:2] != ["runtime", "configure"]:
+        print(f"stand-in nvidia-ctk: unsupported command {' '.join(argv)}", file=sys.stderr)
+        return 1
+    opts = {"runtime": "docker", "name": "nvidia", "path": "", "default": False, "dry_run": False}
+    args = iter(argv[2:])
+    for arg in args:
+        key, _, value = arg.lstrip("-").partition("=")
+        if key in ("dry-run",):
+            opts["dry_run"] = True
+        elif key in ("set-as-default", "nvidia-set-as-default"):
+            opts["default"] = True
+        elif key in ("runtime", "config", "nvidia-runtime-name", "nvidia-runtime-path", "runtime-path"):
+            value = value or next(args)
+            opts[ALIASES.get(key, key)] = value
+        else:
+            print(f"stand-in nvidia-ctk: unsupported flag {arg}", file=sys.stderr)
+            return 1
+    handlers = {"docker": docker, "containerd": containerd}
+    if opts["runtime"] not in handlers:
+        print(f"unrecognized runtime '{opts['runtime']}'", file=sys.stderr)
+        return 1
+    handlers[opts["runtime"]](opts)
+    return 0
+
+
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def container_toolkit_packages(version: str) -> list[Package]:
+    upstream = version.rsplit("-", 1)[0]
+    stub = _script('echo "stand-in" >&2\nexit 1\n')
+    return [
+        Package(
+            "libnvidia-container1",
+            version,
+            depends=["libc6 (>= 2.27)", "libcap2 (>= 1:2.10)", "libseccomp2 (>= 0.0.0~20120605)"],
+            source="libnvidia-container",
+            files={f"usr/lib/x86_64-linux-gnu/libnvidia-container.so.{upstream}": ("stand-in\n", 0o644)},
+        ),
+        Package(
+            "libnvidia-container-tools",
+            version,
+            depends=[f"libnvidia-container1 (= {version})", "libc6 (>= 2.14)", "libcap2 (>= 1:2.10)"],
+            source="libnvidia-container",
+            files={"usr/bin/nvidia-container-cli": stub},
+        ),
+        Package(
+            "nvidia-container-toolkit-base",
+            version,
+            source="nvidia-container-toolkit",
+            control={
+                "Breaks": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook, "
+                "nvidia-container-toolkit (<= 1.10.0-1)",
+                "Replaces": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook",
+            },
+            files={
+                "usr/bin/nvidia-ctk": (FAKE_NVIDIA_CTK.replace("@UPSTREAM@", upstream), 0o755),
+                "usr/bin/nvidia-container-runtime": stub,
+            },
+        ),
+        Package(
+            "nvidia-container-toolkit",
+            version,
+            depends=[
+                f"nvidia-container-toolkit-base (= {version})",
+                f"libnvidia-container-tools (= {version})",
+            ],
+            control={
+                "Breaks": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook",
+                "Replaces": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook",
+            },
+            files={"usr/bin/nvidia-container-runtime-hook": stub},
+        ),
+    ]
+
+
+@dataclass
+class ContainerToolkitRepo:
+    """NVIDIA's libnvidia-container repository stand-in: its own key and its own server."""
+
+    root: Path
+    url: str  # the role's container_toolkit_repo_url
+    key_checksum: str
+    _server: http.server.ThreadingHTTPServer | None = None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def build_and_serve_container_toolkit(root: Path) -> ContainerToolkitRepo:
+    """Build <root>/libnvidia-container/{gpgkey,stable/deb/amd64/}, signed by a key of its own,
+    and serve it on a free port of 127.0.0.1."""
+    base = root / CONTAINER_TOOLKIT_PREFIX
+    pool = base / "stable" / "deb" / "amd64"
+    pool.mkdir(parents=True)
+    work = root / "build"
+    for version in CONTAINER_TOOLKIT_VERSIONS:
+        for package in container_toolkit_packages(version):
+            build_deb(package, work, pool)
+    shutil.rmtree(work)
+    _index(pool, "github.com/NVIDIA/libnvidia-container stand-in", "NVIDIA container toolkit stand-in")
+    signer = Gpg("nodecert-container-toolkit-repo")
+    try:
+        signer.sign_release(pool)
+        key = signer.export_armored()
+    finally:
+        signer.close()
+    (base / "gpgkey").write_bytes(key)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _quiet_handler(str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True, name="stand-in-ctk-repo").start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{CONTAINER_TOOLKIT_PREFIX}"
+    with urllib.request.urlopen(f"{url}/stable/deb/amd64/InRelease", timeout=5):
+        pass
+    return ContainerToolkitRepo(
+        root=root, url=url, key_checksum="sha256:" + hashlib.sha256(key).hexdigest(), _server=server
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
