@@ -147,14 +147,39 @@ def run_playbook(
     return Result(proc.returncode, proc.stdout, seconds, recap)
 
 
-def in_root(root: Path, *command: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a command inside a root the way Ansible does (private /proc, no leftover mounts)."""
+# What a booted node has mounted and a chroot lacks, for commands that read more than files:
+# sysfs (the PCI bus, /sys/class/infiniband; this machine's, so read-only) and a tmpfs on /dev/shm
+# (DataLoader workers and the shm checks; without it /dev/shm is a directory on the root's disk).
+# Mounted in the command's own mount namespace (unshare makes it private): gone when it exits.
+NODE_MOUNTS = (
+    'mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$0/sys" && '
+    'mount -t tmpfs -o nosuid,nodev,mode=1777 shm "$0/dev/shm" && '
+    'exec chroot "$0" "$@"'
+)
+
+
+def in_root(
+    root: Path,
+    *command: str,
+    check: bool = True,
+    cwd: str | None = None,
+    node_mounts: bool = False,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a command inside a root the way Ansible does (private /proc, no leftover mounts).
+    cwd: the working directory inside the root (chroot starts in /). node_mounts: also sysfs and
+    /dev/shm, as a booted node has them (NODE_MOUNTS). On a timeout the command's processes die
+    with it (--kill-child: the whole PID namespace goes)."""
+    inner = ["env", f"--chdir={cwd}", *command] if cwd else list(command)
+    enter = ["sh", "-c", NODE_MOUNTS, str(root)] if node_mounts else ["chroot", str(root)]
+    unshare = ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={root}/proc"]
     return subprocess.run(
-        ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={root}/proc", "chroot", str(root), *command],
+        [*unshare, *enter, *inner],
         check=check,
         capture_output=True,
         text=True,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        timeout=timeout,
     )
 
 
