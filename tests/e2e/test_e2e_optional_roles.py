@@ -96,14 +96,6 @@ def runs(make_host, debian12_tarball, base_vars, toolkit_repo, chroot_wrapper, a
     return Runs(roots, check, check_changed, first, second)
 
 
-def selections(root: Path) -> dict[str, str]:
-    out = runner.in_root(root, "dpkg", "--get-selections").stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def version(root: Path, package: str) -> str:
-    return runner.in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
-
 
 def test_check_mode_on_fresh_roots_changes_nothing(runs):
     assert runs.check.rc == 0, runs.check
@@ -129,9 +121,9 @@ def test_second_run_changes_nothing(runs):
 
 def test_container_toolkit_is_pinned_and_held(runs):
     root = runs.roots["optional"]
-    held = selections(root)
+    held = runner.selections(root)
     for package in TOOLKIT_PACKAGES:
-        assert version(root, package) == PINNED_TOOLKIT, package
+        assert runner.package_version(root, package) == PINNED_TOOLKIT, package
         assert held.get(package) == "hold", package
 
 
@@ -159,9 +151,9 @@ def test_docker_gets_the_nvidia_runtime_and_keeps_its_own_settings(runs):
 
 def test_dcgm_is_pinned_held_and_enabled(runs):
     root = runs.roots["optional"]
-    held = selections(root)
+    held = runner.selections(root)
     for package in DCGM_PACKAGES:
-        assert version(root, package) == aptrepo.DCGM_VERSION, package
+        assert runner.package_version(root, package) == aptrepo.DCGM_VERSION, package
         assert held.get(package) == "hold", package
     assert "datacenter-gpu-manager-4-cuda13" not in held  # the toolkit is CUDA 12.8
     unit = "/usr/lib/systemd/system/nvidia-dcgm.service"
@@ -173,7 +165,7 @@ def test_dcgm_is_pinned_held_and_enabled(runs):
 
 def test_defaults_install_neither(runs):
     root = runs.roots["defaults"]
-    held = selections(root)
+    held = runner.selections(root)
     optional = ("datacenter-gpu-manager", "nvidia-container", "libnvidia-container")
     assert not [p for p in held if p.startswith(optional)]
     assert not (root / "etc/apt/sources.list.d/nvidia-container-toolkit.list").exists()

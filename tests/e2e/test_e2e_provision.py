@@ -69,14 +69,6 @@ def cluster(
     return Cluster(roots, inventory, first, second)
 
 
-def selections(root: Path) -> dict[str, str]:
-    out = runner.in_root(root, "dpkg", "--get-selections").stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def version(root: Path, package: str) -> str:
-    return runner.in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
-
 
 def test_first_run_provisions_every_host(cluster):
     assert cluster.first.rc == 0, cluster.first
@@ -129,7 +121,7 @@ def test_second_run_changes_nothing(cluster):
     ],
 )
 def test_driver_packages_are_installed_and_held(cluster, host, expected):
-    held = selections(cluster.roots[host])
+    held = runner.selections(cluster.roots[host])
     assert {package: held.get(package) for package in expected} == dict.fromkeys(expected, "hold")
     wrong_flavour = (
         "nvidia-headless-no-dkms-580-server" if host != "v100" else "nvidia-headless-no-dkms-580-server-open"
@@ -155,12 +147,13 @@ def test_cuda_repository_is_signed_by_the_pinned_key(cluster, stand_in_repo):
 
 def test_cuda_toolkit_and_nccl_are_pinned_and_held(cluster):
     for root in cluster.roots.values():
-        held = selections(root)
+        held = runner.selections(root)
         for package in ("cuda-toolkit-12-8", "cuda-nvcc-12-8", "libnccl2", "libnccl-dev"):
             assert held.get(package) == "hold", package
         # The repository also offers a newer NCCL built for CUDA 12.9: the pin must win.
-        assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
-        assert version(root, "libnccl-dev") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+        pinned = f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+        assert runner.package_version(root, "libnccl2") == pinned
+        assert runner.package_version(root, "libnccl-dev") == pinned
         profile = (root / "etc/profile.d/cuda.sh").read_text()
         assert "CUDA_HOME=/usr/local/cuda-12.8" in profile
         login = runner.in_root(root, "sh", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
@@ -175,18 +168,20 @@ def test_fabric_manager_only_where_nvswitches_are(cluster):
     hgx = cluster.roots["hgx-h100"]
     # The driver's version exactly, although an older build is also offered; NSCQ with it.
     for package in ("nvidia-fabricmanager-580", "libnvidia-nscq-580"):
-        assert version(hgx, package) == f"{aptrepo.DRIVER_VERSIONS['580']}-1", package
-        assert selections(hgx)[package] == "hold", package
+        assert runner.package_version(hgx, package) == f"{aptrepo.DRIVER_VERSIONS['580']}-1", package
+        assert runner.selections(hgx)[package] == "hold", package
     link = hgx / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
     assert os.readlink(link) == "/lib/systemd/system/nvidia-fabricmanager.service"
     # Branch 590 from NVIDIA's repository: the unversioned name (the versioned one is only
     # provided, and apt cannot install a virtual package at a version).
     h200 = cluster.roots["h200-590"]
-    assert version(h200, "nvidia-fabricmanager") == f"{aptrepo.DRIVER_VERSIONS['590']}-1"
-    assert selections(h200)["nvidia-fabricmanager"] == "hold"
+    assert runner.package_version(h200, "nvidia-fabricmanager") == f"{aptrepo.DRIVER_VERSIONS['590']}-1"
+    assert runner.selections(h200)["nvidia-fabricmanager"] == "hold"
     assert (h200 / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service").is_symlink()
     for name in ("v100", "image"):
-        assert not [p for p in selections(cluster.roots[name]) if p.startswith("nvidia-fabricmanager")], name
+        packages = runner.selections(cluster.roots[name])
+        fabric_manager = [p for p in packages if p.startswith("nvidia-fabricmanager")]
+        assert not fabric_manager, name
     assert "Fabric Manager skipped on v100: no NVSwitch" in cluster.first.output
 
 
@@ -483,9 +478,9 @@ def test_580_to_590_then_back_to_570_from_nvidias_repository(
     on_580 = converge("580", "preflight,cuda_toolkit,nvidia_driver")
     assert on_580.rc == 0, on_580
     v580 = f"{aptrepo.NVIDIA_REPO_DRIVERS['580']}-0ubuntu1"
-    assert version(root, "nvidia-utils-580") == v580
-    assert version(root, "nvidia-headless-580-open") == v580
-    assert selections(root).get("nvidia-driver-pinning-580") == "hold"
+    assert runner.package_version(root, "nvidia-utils-580") == v580
+    assert runner.package_version(root, "nvidia-headless-580-open") == v580
+    assert runner.selections(root).get("nvidia-driver-pinning-580") == "hold"
 
     # 590 from NVIDIA's repository: the same packages without the branch in their names, locked
     # by the pinning package alone; they replace 580's in one go and are held.
@@ -494,7 +489,8 @@ def test_580_to_590_then_back_to_570_from_nvidias_repository(
     v590 = f"{aptrepo.NVIDIA_REPO_DRIVERS['590']}-0ubuntu1"
     unbranched = ("nvidia-utils", "libnvidia-compute", "nvidia-headless-open", "nvidia-dkms-open",
                   "nvidia-headless-no-dkms-open", "nvidia-kernel-common", "nvidia-compute-utils")
-    assert {p: version(root, p) for p in unbranched} == dict.fromkeys(unbranched, v590), installed()
+    versions = {p: runner.package_version(root, p) for p in unbranched}
+    assert versions == dict.fromkeys(unbranched, v590), installed()
     assert not [line for line in installed().values() if line.split()[1].startswith("580.")], installed()
     held = set(runner.in_root(root, "apt-mark", "showhold").stdout.split())
     assert {*unbranched, "nvidia-driver-pinning-590"} <= held, held
@@ -514,7 +510,7 @@ def test_580_to_590_then_back_to_570_from_nvidias_repository(
         "nvidia-dkms-570-open",
         "libnvidia-compute-570",
     ):
-        assert version(root, package) == v570, packages
+        assert runner.package_version(root, package) == v570, packages
     assert f"linux-headers-{KERNEL}" in packages
     assert (root / f"usr/src/nvidia-{aptrepo.NVIDIA_REPO_DRIVERS['570']}/dkms.conf").exists()
     # The pinning package of 570 replaced 580's; the role's preference names 570 and NVIDIA's host.

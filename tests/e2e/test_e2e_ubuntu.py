@@ -203,18 +203,6 @@ def host(request, ubuntu) -> str:
     return request.param
 
 
-def selections(root: Path) -> dict[str, str]:
-    """Package -> selection; Multi-Arch: same libraries are listed as name:amd64."""
-    out = runner.in_root(root, "dpkg", "--get-selections").stdout
-    return {
-        name.split(":")[0]: state
-        for name, state in (line.split() for line in out.splitlines() if line.strip())
-    }
-
-
-def version(root: Path, package: str) -> str:
-    return runner.in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
-
 
 def upstream(deb_version: str) -> str:
     return re.sub(r"-[^-]*$", "", re.sub(r"^[0-9]+:", "", deb_version))
@@ -239,7 +227,7 @@ def test_second_run_changes_nothing(ubuntu, host):
 
 def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
     root, kernel = ubuntu.roots[host], ubuntu.kernels[host]
-    held = selections(root)
+    held = runner.selections(root)
     expected = [
         f"nvidia-headless-no-dkms-{BRANCH}-server-open",
         f"nvidia-utils-{BRANCH}-server",
@@ -250,9 +238,9 @@ def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
     ]
     assert {p: held.get(p) for p in expected} == dict.fromkeys(expected, "hold")
     # Canonical's build from the archive (not a stand-in), one upstream version throughout.
-    utils = version(root, f"nvidia-utils-{BRANCH}-server")
+    utils = runner.package_version(root, f"nvidia-utils-{BRANCH}-server")
     assert re.fullmatch(rf"{BRANCH}\.\d+\.\d+-0ubuntu\S+", utils), utils
-    assert upstream(version(root, f"libnvidia-compute-{BRANCH}-server")) == upstream(utils)
+    assert upstream(runner.package_version(root, f"libnvidia-compute-{BRANCH}-server")) == upstream(utils)
     assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules: no DKMS"
 
 
@@ -263,7 +251,7 @@ def test_flavour_meta_package_follows_the_kernel(ubuntu, host):
     if note.get("meta") != "yes":
         pytest.skip(f"the image has no kernel meta package: {note.get('meta')}")
     meta = f"linux-modules-nvidia-{BRANCH}-server-open-generic"
-    assert selections(ubuntu.roots[host]).get(meta) == "install", meta
+    assert runner.selections(ubuntu.roots[host]).get(meta) == "install", meta
 
 
 def test_what_lands_on_disk(ubuntu, host):
@@ -281,14 +269,14 @@ def test_what_lands_on_disk(ubuntu, host):
 
 def test_fabric_manager_and_nscq_on_the_nvswitch_boards(ubuntu, host):
     root = ubuntu.roots[host]
-    held = selections(root)
+    held = runner.selections(root)
     if HOSTS[host].devices != "hgx":
         assert not [p for p in held if p.startswith(("nvidia-fabricmanager", "libnvidia-nscq"))]
         return
-    driver = upstream(version(root, f"nvidia-utils-{BRANCH}-server"))
+    driver = upstream(runner.package_version(root, f"nvidia-utils-{BRANCH}-server"))
     for package in (f"nvidia-fabricmanager-{BRANCH}", f"libnvidia-nscq-{BRANCH}"):
         assert held.get(package) == "hold", package
-        assert upstream(version(root, package)) == driver, package
+        assert upstream(runner.package_version(root, package)) == driver, package
     unit = root / "usr/lib/systemd/system/nvidia-fabricmanager.service"
     assert unit.exists()
     link = root / "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service"
@@ -297,10 +285,10 @@ def test_fabric_manager_and_nscq_on_the_nvswitch_boards(ubuntu, host):
 
 def test_nvidia_only_packages_come_from_the_cuda_repository(ubuntu, host, nvidia_repo):
     root = ubuntu.roots[host]
-    held = selections(root)
+    held = runner.selections(root)
     for package in ("cuda-toolkit-12-8", "libnccl2", "libnccl-dev"):
         assert held.get(package) == "hold", package
-    assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+    assert runner.package_version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
     distribution = HOSTS[host].release.name
     source = (root / "etc/apt/sources.list.d/nvidia-cuda.list").read_text()
     line = f"deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] {nvidia_repo.url}/{distribution}/x86_64/ /"
@@ -374,7 +362,7 @@ def test_vendor_image_keyring_and_unattended_upgrades(ubuntu, nvidia_repo):
         if p.startswith(("libnccl", "nvidia-", "cuda-", "libnvidia-"))
     ]
     assert touched == [], said[-3000:]
-    assert version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
+    assert runner.package_version(root, "libnccl2") == f"{aptrepo.NCCL_VERSION}+cuda{aptrepo.CUDA_VERSION}"
     # Everything else still gets its security updates: curl, held back by no rule of ours.
     assert not re.search(r"^skipping blacklisted package (lib)?curl", said, re.M), said[-3000:]
     upgraded = {p for line in upgrades for p in line.split()}
@@ -467,6 +455,9 @@ def test_check_mode_on_a_fresh_noble_node_changes_nothing(
     assert result.rc == 0, result
     assert result.recap["noble-check"]["changed"] > 0, "check mode should report what it would change"
     after = rootfs.tree_digest(root, exclude=scratch)
-    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    changed = rootfs.changed_paths(before, after)
     assert changed == [], f"check mode changed the root: {changed[:20]}"
     assert "a real run installs cuda-toolkit-12-8" in result.output
+    # Canonical's driver is in the archive already: apt resolved it, in its simulation.
+    simulated = re.search(r"Check mode: a real run installs ([^\"]*)", result.output)
+    assert simulated and f"nvidia-utils-{BRANCH}-server" in simulated.group(1), result

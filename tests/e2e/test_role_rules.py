@@ -747,3 +747,53 @@ def test_no_role_repeats_another_roles_pin_as_a_fallback():
     fallback = re.compile(r"(nvidia_driver_branch|cuda_toolkit_version) \| default\(")
     for path in sorted(files):
         assert not fallback.search(path.read_text()), path
+
+
+# --- Check mode: apt's own simulation without its planner log -------------------------------------
+
+
+def _tasks(items: list) -> list:
+    out = []
+    for task in items or []:
+        out.append(task)
+        for key in ("block", "rescue", "always"):
+            out += _tasks(task.get(key, []))
+    return out
+
+
+def test_no_apt_install_runs_in_check_mode():
+    """apt writes /var/log/apt/eipp.log.xz even when the apt module simulates, so every apt task
+    that installs or removes packages is for real runs only; check mode includes the preflight
+    role's apt_simulate.yml with the same request (a YAML alias of the real task's list)."""
+    yaml = __import__("yaml")
+    found = 0
+    for path in sorted(roletemplate.ROLES.glob("*/tasks/*.yml")):
+        text = path.read_text()
+        for task in _tasks(yaml.safe_load(text)):
+            apt = task.get("ansible.builtin.apt")
+            if not isinstance(apt, dict) or "name" not in apt:
+                continue  # update_cache only
+            found += 1
+            assert "not ansible_check_mode" in str(task.get("when", "")), f"{path}: {task['name']}"
+        for alias in re.findall(r"_preflight_apt_packages: \[?\*([a-z0-9_]+)", text):
+            assert f"&{alias} " in text or f"&{alias}\n" in text, f"{path}: *{alias}"
+    assert found >= 12
+
+
+def test_the_simulation_switches_the_planner_log_off():
+    yaml = __import__("yaml")
+    tasks = yaml.safe_load((roletemplate.ROLES / "preflight/tasks/apt_simulate.yml").read_text())
+    argv = roletemplate.render_text(
+        tasks[0]["ansible.builtin.command"]["argv"],
+        "preflight",
+        _preflight_apt_packages=["libnccl2=2.26.2-1+cuda12.8"],
+        _preflight_apt_flags=["--allow-downgrades"],
+    )
+    assert argv[:5] == ["apt-get", "--simulate", "--no-install-recommends", "-o", "Dir::Log::Planner="]
+    assert argv[5:] == ["install", "--allow-downgrades", "libnccl2=2.26.2-1+cuda12.8"]
+    purge = roletemplate.render_text(
+        tasks[0]["ansible.builtin.command"]["argv"], "preflight",
+        _preflight_apt_packages=["nvidia-utils-535-server"], _preflight_apt_purge=True,
+    )
+    assert purge[5:] == ["remove", "--purge", "nvidia-utils-535-server"]
+    assert tasks[0]["check_mode"] is False

@@ -331,6 +331,11 @@ def tree_digest(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
     return result
 
 
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The paths whose tree_digest entries differ (added, removed or changed), sorted."""
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+
+
 def pretend_os(root: Path, distribution_id: str, name: str, version_id: str, codename: str) -> None:
     """Make the root claim another OS release (the fault case for an unsupported OS)."""
     os_release = root / "etc/os-release"

@@ -183,6 +183,20 @@ def in_root(
     )
 
 
+def selections(root: Path) -> dict[str, str]:
+    """dpkg's package -> selection (install, hold, deinstall); Multi-Arch: same libraries, which
+    dpkg lists as name:amd64, under their plain name."""
+    out = in_root(root, "dpkg", "--get-selections").stdout
+    return {
+        name.split(":")[0]: state
+        for name, state in (line.split() for line in out.splitlines() if line.strip())
+    }
+
+
+def package_version(root: Path, package: str) -> str:
+    return in_root(root, "dpkg-query", "--show", "--showformat=${Version}", package).stdout
+
+
 def fake_pci_device(root: Path, address: str, device_id: str, pci_class: str, vendor: str = "0x10de") -> None:
     """What sysfs shows for a PCI function, written into the root's (otherwise empty) /sys."""
     device = root / "sys/bus/pci/devices" / address
