@@ -16,6 +16,7 @@ from checks.profiles import Profile
 class Options:
     level: str = "standard"
     expect_gpus: int | None = None
+    expect_gpu_ids: tuple[str, ...] | None = None  # PCI vendor:device of the GPUs ("10de:2330")
     expect_driver: str | None = None  # branch ("550") or full version ("550.90.07")
     expect_cuda: str | None = None  # minimum CUDA version the driver must support ("12.4")
     expect_nvlink: int | None = None  # NVLink links that must be up per GPU (overrides inference)

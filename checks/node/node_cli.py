@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"available: {', '.join(profiles.available())})")
     p.add_argument("--expect-gpus", type=cliutil.number(int, minimum=0), metavar="N",
                    help="number of GPUs this host must have (default: what the PCI bus shows)")
+    p.add_argument("--expect-gpu-ids", type=_gpu_ids, metavar="ID[,ID]",
+                   help="PCI IDs (vendor:device, as lspci -n prints them) every GPU must have, "
+                        "e.g. 10de:2330 for H100 SXM: the model provisioning saw")
     p.add_argument("--expect-driver", metavar="VERSION",
                    help="driver branch (e.g. 580) or exact version the host must run")
     p.add_argument("--expect-cuda", metavar="X.Y",
@@ -212,6 +215,14 @@ def _gpu_count(hw: Backend) -> int:
         return 0
 
 
+def _gpu_ids(text: str) -> tuple[str, ...]:
+    """argparse `type=` of --expect-gpu-ids: the rule of the expectations file's gpu_ids."""
+    try:
+        return expectations.gpu_ids(text, "gpu_ids")
+    except expectations.ExpectationsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("gpu_ids: ")) from None
+
+
 def _first(option: Any, provisioned: Any) -> Any:
     return option if option is not None else provisioned
 
@@ -262,6 +273,7 @@ def _options(args: argparse.Namespace, provisioned: expectations.Expectations) -
         if value is not None and value <= 0:
             raise UsageError(f"{flag} must be positive, got {value:g}")
     return Options(level=args.level, expect_gpus=_first(args.expect_gpus, provisioned.gpus),
+                   expect_gpu_ids=_first(args.expect_gpu_ids, provisioned.gpu_ids),
                    expect_driver=_first(args.expect_driver, provisioned.driver),
                    expect_cuda=_first(args.expect_cuda, provisioned.cuda),
                    expect_nvlink=args.expect_nvlink,

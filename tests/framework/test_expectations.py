@@ -27,8 +27,8 @@ def test_no_file_means_no_expectations(tmp_path: Path) -> None:
 
 
 def test_a_provisioned_node_file(tmp_path: Path) -> None:
-    got = expectations.load(write(tmp_path, 'gpus: 8\ndriver: "580"\ncuda: "12.8"\n'))
-    assert (got.gpus, got.driver, got.cuda) == (8, "580", "12.8")
+    got = expectations.load(write(tmp_path, 'gpus: 8\ngpu_ids: ["10DE:2330"]\ndriver: "580"\ncuda: "12.8"\n'))
+    assert (got.gpus, got.gpu_ids, got.driver, got.cuda) == (8, ("10de:2330",), "580", "12.8")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -37,6 +37,9 @@ def test_a_provisioned_node_file(tmp_path: Path) -> None:
     ("driver: latest\n", "driver must look like"),
     ("cuda: 12\n", "cuda must look like"),
     ("gpu: 8\n", "unknown key gpu"),
+    ("gpu_ids: 2330\n", "gpu_ids must be a list"),
+    ("gpu_ids: []\n", "gpu_ids must be a list"),
+    ('gpu_ids: ["2330"]\n', "gpu_ids must look like"),
     ("- 8\n", "must be a mapping"),
     ("gpus: [\n", "cannot read"),
 ])
@@ -97,12 +100,53 @@ def _render(variables: dict) -> str:
     return str(Templar(loader=DataLoader(), variables=variables).template(content))
 
 
+H100_SXM = {"device_id": "2330", "model": "H100 SXM5 80GB"}
+
+
 @pytest.mark.parametrize(("variables", "expected"), [
-    ({"nodecert_node": {"gpus": [{}] * 8}, "nvidia_driver_branch": "580", "cuda_toolkit_version": "12.8"},
-     (8, "580", "12.8")),
+    ({"nodecert_node": {"gpus": [H100_SXM] * 8}, "nvidia_driver_branch": "580",
+      "cuda_toolkit_version": "12.8"},
+     (8, ("10de:2330",), "580", "12.8")),
+    ({"nodecert_node": {"gpus": [H100_SXM, {"device_id": "2335"}]}, "nvidia_driver_branch": "580",
+      "cuda_toolkit_version": "12.8"},
+     (2, ("10de:2330", "10de:2335"), "580", "12.8")),
     ({"nodecert_node": {"gpus": []}, "nvidia_driver_branch": "580", "cuda_toolkit_version": "12.8"},
-     (None, None, "12.8")),
+     (None, None, None, "12.8")),
 ])
 def test_the_role_writes_what_the_loader_reads(tmp_path: Path, variables: dict, expected: tuple) -> None:
     got = expectations.load(write(tmp_path, _render(variables)))
-    assert (got.gpus, got.driver, got.cuda) == expected
+    assert (got.gpus, got.gpu_ids, got.driver, got.cuda) == expected
+
+
+def _gpu_count(monkeypatch, tmp_path: Path, file_text: str, *args: str) -> dict:
+    """gpu-count on the healthy HGX H100 scenario with the expectations of a provisioned node
+    (the scenario is replayed as this node: NODECERT_EXPECTATIONS is read for it here)."""
+    monkeypatch.setattr(node_cli, "_provisioned",
+                        lambda _args: expectations.load(write(tmp_path, file_text)))
+    out = tmp_path / "report.json"
+    node_cli.main(["--simulate", "h100-sxm-8x-healthy", "--only", "gpu-count", *args,
+                   "--json", str(out), "-q"])
+    [check] = json.loads(out.read_text())["checks"]
+    return check
+
+
+def test_the_model_provisioning_saw_passes(monkeypatch, tmp_path: Path) -> None:
+    check = _gpu_count(monkeypatch, tmp_path, 'gpus: 8\ngpu_ids: ["10de:2330"]\n')
+    assert check["status"] == "PASS", check
+
+
+def test_another_model_than_provisioning_saw_fails(monkeypatch, tmp_path: Path) -> None:
+    """The expectations of an H200 board (10de:2335) on the H100 scenario's node."""
+    check = _gpu_count(monkeypatch, tmp_path, 'gpus: 8\ngpu_ids: ["10de:2335"]\n')
+    assert check["status"] == "FAIL", check
+    message = check["results"][0]["message"]
+    assert "10de:2330 on the bus, expected 10de:2335" in message and "provisioned for" in message
+
+
+def test_the_command_line_names_the_model(monkeypatch, tmp_path: Path, capsys) -> None:
+    check = _gpu_count(monkeypatch, tmp_path, "gpus: 8\n", "--expect-gpu-ids", "10de:2335")
+    assert check["status"] == "FAIL"
+    capsys.readouterr()
+    rc = node_cli.main(["--simulate", "h100-sxm-8x-healthy", "--expect-gpu-ids", "H100", "--list"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "argument --expect-gpu-ids: gpu_ids must look like" in err

@@ -139,12 +139,24 @@ def _expectation_problems(ctx: Context, c: _Counts, want: int, note: str, hidden
                    expected=str(expect),
                    remedy="a GPU missing from lspci is a hardware or BIOS problem: reseat, check "
                           "power cables and BIOS PCIe settings, or RMA")
+    elif ctx.options.expect_gpu_ids and (found := _pci_ids(ctx)) - set(ctx.options.expect_gpu_ids):
+        expected = ", ".join(ctx.options.expect_gpu_ids)
+        yield fail(f"GPU PCI ID(s) {', '.join(sorted(found))} on the bus, expected {expected}: not the "
+                   "model this node was provisioned for", value=sorted(found), expected=expected,
+                   details=c.values,
+                   remedy="a board or GPU of another model was fitted, or the expectations came "
+                          "from another node: reprovision (make provision) for the hardware "
+                          "there is, or fit the model that was ordered")
     elif expect is not None and want < expect:
         yield fail(f"only {want} of the {expect} expected GPUs are usable here{note}"
                    + (f"; this {c.container} container was given {len(ctx.gpus)}" if c.not_given else ""),
                    value=want, expected=str(expect), details=c.values,
                    remedy=REMEDY_HIDDEN if hidden else
                    "give the container every GPU (--gpus all, or the pod's nvidia.com/gpu limit)")
+
+
+def _pci_ids(ctx: Context) -> set[str]:
+    return {f"{d.vendor:04x}:{d.device:04x}" for d in ctx.pci_gpus}
 
 
 def _torch_problems(c: _Counts, visible: Any, torch: Any, want: int, note: str) -> Iterator[Result]:
@@ -168,7 +180,8 @@ def _torch_problems(c: _Counts, visible: Any, torch: Any, want: int, note: str) 
        stage="inventory", needs=("driver-loaded",))
 def gpu_count(ctx: Context) -> Iterator[Result]:
     """Counts the GPUs on the PCI bus, in NVML and in torch (CUDA_VISIBLE_DEVICES applied)
-    against --expect-gpus and the platform (an NVSwitch baseboard holds profile gpus_per_node).
+    against --expect-gpus and the platform (an NVSwitch baseboard holds profile gpus_per_node),
+    and their PCI IDs against --expect-gpu-ids (the model provisioning saw).
     A GPU NVML reports lost, or one on the bus NVML does not list, is named by its PCI address;
     in a container GPUs that were not given to it (no /dev/nvidiaN) are not faults."""
     pci = [d.address for d in ctx.pci_gpus]
