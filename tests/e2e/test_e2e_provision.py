@@ -533,3 +533,45 @@ def test_580_to_590_then_back_to_570_from_nvidias_repository(
     )
     assert again.rc == 0, again
     assert again.recap["rollback-570"]["changed"] == 0, again.changed_tasks("rollback-570")
+
+
+NEXT_KERNEL = "6.98.0-3-generic"  # a next ABI, offered after provisioning
+
+
+def test_a_kernel_update_comes_only_with_its_nvidia_modules(cluster, workdir):
+    """A next-ABI kernel offered after provisioning, installed by apt as an SRU or
+    unattended-upgrades would: the role's guard (DPkg::Pre-Install-Pkgs) refuses the kernel alone
+    in one line before dpkg unpacks anything, and lets it in together with Canonical's NVIDIA
+    modules for it. Through the real apt and dpkg of a provisioned root (hgx-h100: open modules,
+    precompiled); the kernel and modules are removed again afterwards."""
+    root = cluster.roots["hgx-h100"]
+    version = f"{aptrepo.DRIVER_VERSIONS['580']}-0ubuntu1"
+    modules_name = f"linux-modules-nvidia-580-server-open-{NEXT_KERNEL}"
+    kernel = aptrepo.Package(
+        f"linux-image-{NEXT_KERNEL}", "6.98.0-3.3",
+        files={f"boot/vmlinuz-{NEXT_KERNEL}": ("stand-in kernel image\n", 0o644)},
+    )
+    modules = aptrepo.Package(
+        modules_name, version,
+        files={f"lib/modules/{NEXT_KERNEL}/kernel/nvidia-580srv-open/nvidia.ko": ("stand-in\n", 0o644)},
+    )
+    incoming = root / "tmp/next-kernel"
+    incoming.mkdir(parents=True)
+    debs = [f"/tmp/next-kernel/{aptrepo.build_deb(p, workdir / 'next-kernel', incoming).name}"
+            for p in (kernel, modules)]
+    try:
+        alone = runner.in_root(root, "apt-get", "install", "-y", "-q", debs[0], check=False)
+        said = alone.stdout + alone.stderr
+        assert alone.returncode != 0, said
+        refusals = [line for line in said.splitlines() if "nodecert: refusing kernel" in line]
+        assert len(refusals) == 1, said
+        assert f"refusing kernel {NEXT_KERNEL}: apt brings no {modules_name}" in refusals[0]
+        assert not (root / f"boot/vmlinuz-{NEXT_KERNEL}").exists(), "the kernel was unpacked"
+        together = runner.in_root(root, "apt-get", "install", "-y", "-q", *debs, check=False)
+        assert together.returncode == 0, together.stdout + together.stderr
+        assert (root / f"boot/vmlinuz-{NEXT_KERNEL}").exists()
+        assert (root / f"lib/modules/{NEXT_KERNEL}/kernel/nvidia-580srv-open/nvidia.ko").exists()
+    finally:  # the later tests see the root as provisioned
+        runner.in_root(root, "dpkg", "--purge", kernel.name, modules_name, check=False)
+        shutil.rmtree(incoming)
+    assert not (root / f"boot/vmlinuz-{NEXT_KERNEL}").exists()
