@@ -1,11 +1,13 @@
 """The optional roles for real: container_toolkit and dcgm on fresh Debian 12 roots.
 
-Two hosts in one inventory: "optional" has both roles on and Docker's configuration directory
-(with a daemon.json of its own, which must survive), "defaults" leaves both roles at their
-defaults (off) and has /etc/docker too. Three runs of provision.yml, each limited to the tags
-these roles need: preflight (its facts and apt settings), cuda_toolkit (DCGM comes from the CUDA
-repository it adds; the stand-in toolkit is small), container_toolkit and dcgm; the driver, NCCL,
-Fabric Manager, RDMA and the torch venv play no part here and would only add minutes.
+Three hosts in one inventory: "optional" has both roles on and Docker's configuration directory
+(with a daemon.json of its own, which must survive), "containerd" has the container toolkit on at
+its default version and containerd's configuration (a config.toml of its own) but no Docker,
+"defaults" leaves both roles at their defaults (off) and has /etc/docker too. Three runs of
+provision.yml, each limited to the tags these roles need: preflight (its facts and apt settings),
+cuda_toolkit (DCGM comes from the CUDA repository it adds; the stand-in toolkit is small),
+container_toolkit and dcgm; the driver, NCCL, Fabric Manager, RDMA and the torch venv play no part
+here and would only add minutes.
 
 1. --check on the fresh roots: nothing may change.
 2. The real run: the packages at their pins and held, the nvidia runtime in daemon.json.
@@ -38,6 +40,8 @@ TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1")
 DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12")
 OWN_DAEMON_JSON = {"log-driver": "journald"}
+OWN_CONTAINERD = 'version = 2\n\n[grpc]\n  address = "/run/containerd/containerd.sock"\n'
+HOSTS = ("optional", "containerd", "defaults")
 ANSIBLE_WORKDIR = ("root/.ansible",)
 
 
@@ -59,10 +63,12 @@ def toolkit_repo(workdir):
 
 @pytest.fixture(scope="module")
 def runs(make_host, debian12_tarball, base_vars, toolkit_repo, chroot_wrapper, ansible_home, workdir) -> Runs:
-    roots = {name: make_host(name, debian12_tarball) for name in ("optional", "defaults")}
-    for root in roots.values():
-        (root / "etc/docker").mkdir()
+    roots = {name: make_host(name, debian12_tarball) for name in HOSTS}
+    for name in ("optional", "defaults"):
+        (roots[name] / "etc/docker").mkdir()
     (roots["optional"] / "etc/docker/daemon.json").write_text(json.dumps(OWN_DAEMON_JSON) + "\n")
+    (roots["containerd"] / "etc/containerd").mkdir()
+    (roots["containerd"] / "etc/containerd/config.toml").write_text(OWN_CONTAINERD)
     inventory = runner.write_inventory(
         workdir / "optional-roles.yml",
         roots,
@@ -77,21 +83,22 @@ def runs(make_host, debian12_tarball, base_vars, toolkit_repo, chroot_wrapper, a
                 "container_toolkit_install": True,
                 "container_toolkit_version": PINNED_TOOLKIT,
                 "dcgm_install": True,
-            }
+            },
+            "containerd": {"container_toolkit_install": True},
         },
     )
     home = ansible_home("optional-roles")
     before = {name: rootfs.tree_digest(root, exclude=ANSIBLE_WORKDIR) for name, root in roots.items()}
     run = ("provision.yml", inventory, home, "--tags", TAGS)
-    check = runner.run_playbook(*run, "--check", "--diff", forks=2)
+    check = runner.run_playbook(*run, "--check", "--diff", forks=len(roots))
     check_changed = {}
     for name, root in roots.items():
         after = rootfs.tree_digest(root, exclude=ANSIBLE_WORKDIR)
         check_changed[name] = sorted(p for p in before[name].keys() | after.keys()
                                      if before[name].get(p) != after.get(p))
-    first = runner.run_playbook(*run, forks=2)
-    second = runner.run_playbook(*run, forks=2) if first.rc == 0 else first
-    print(f"\noptional roles, 2 hosts: check {check.seconds:.0f}s, first {first.seconds:.0f}s, "
+    first = runner.run_playbook(*run, forks=len(roots))
+    second = runner.run_playbook(*run, forks=len(roots)) if first.rc == 0 else first
+    print(f"\noptional roles, {len(roots)} hosts: check {check.seconds:.0f}s, first {first.seconds:.0f}s, "
           f"second {second.seconds:.0f}s")
     return Runs(roots, check, check_changed, first, second)
 
@@ -99,7 +106,7 @@ def runs(make_host, debian12_tarball, base_vars, toolkit_repo, chroot_wrapper, a
 
 def test_check_mode_on_fresh_roots_changes_nothing(runs):
     assert runs.check.rc == 0, runs.check
-    assert runs.check_changed == {"optional": [], "defaults": []}
+    assert runs.check_changed == {host: [] for host in HOSTS}
     # What the real run would do is said, not simulated.
     assert ("a real run installs nvidia-container-toolkit, nvidia-container-toolkit-base, "
             f"libnvidia-container-tools, libnvidia-container1 {PINNED_TOOLKIT}") in runs.check.output
@@ -115,7 +122,7 @@ def test_first_run_succeeds(runs):
 def test_second_run_changes_nothing(runs):
     assert runs.second.rc == 0, runs.second
     changed = {host: runs.second.recap[host]["changed"] for host in runs.roots}
-    assert changed == {"optional": 0, "defaults": 0}, {
+    assert changed == dict.fromkeys(HOSTS, 0), {
         host: runs.second.changed_tasks(host) for host in runs.roots}
 
 
@@ -147,6 +154,21 @@ def test_docker_gets_the_nvidia_runtime_and_keeps_its_own_settings(runs):
     assert "nvidia-ctk added the nvidia runtime" not in runs.second.output
     # No containerd here: nothing written for it.
     assert not (runs.roots["optional"] / "etc/containerd").exists()
+
+
+def test_containerd_gets_the_nvidia_runtime_in_a_drop_in_its_config_imports(runs):
+    root = runs.roots["containerd"]
+    for package in TOOLKIT_PACKAGES:  # no pin given: the role's default version
+        assert runner.package_version(root, package) == aptrepo.CONTAINER_TOOLKIT_VERSIONS[-1], package
+    drop_in = (root / "etc/containerd/conf.d/99-nvidia.toml").read_text()
+    assert "runtimes.nvidia]" in drop_in and 'BinaryName = "/usr/bin/nvidia-container-runtime"' in drop_in
+    top = (root / "etc/containerd/config.toml").read_text()
+    assert top.startswith('imports = ["/etc/containerd/conf.d/*.toml"]\n'), top
+    assert OWN_CONTAINERD.strip() in top  # the operator's own settings stay
+    assert "nvidia-ctk added the nvidia runtime to containerd" in runs.first.output
+    assert "nvidia-ctk added the nvidia runtime to containerd" not in runs.second.output
+    assert not (root / "etc/docker").exists()
+    assert not [p for p in runner.selections(root) if p.startswith("datacenter-gpu-manager")]
 
 
 def test_dcgm_is_pinned_held_and_enabled(runs):
