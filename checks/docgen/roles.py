@@ -66,7 +66,7 @@ def _load(path: Path) -> Any:
         raise SpecError(f"{path.relative_to(ROOT)}{where}: not valid YAML") from None
 
 
-def _tasks(path: Path) -> list[dict[str, Any]]:
+def tasks_of(path: Path) -> list[dict[str, Any]]:
     """Every task in a task file, blocks flattened."""
     out: list[dict[str, Any]] = []
 
@@ -117,7 +117,7 @@ def _literal_packages(role_dir: Path) -> list[tuple[str, str]]:
     """(package, file) for package names written literally (no Jinja) in apt/pip tasks."""
     found = []
     for path in sorted((role_dir / "tasks").glob("*.yml")):
-        for task in _tasks(path):
+        for task in tasks_of(path):
             module, args = _module(task)
             if module not in PACKAGE_MODULES or not isinstance(args, dict):
                 continue
@@ -146,7 +146,7 @@ def _phase_tags(tasks_dir: Path, name: str) -> list[tuple[str, str, str]]:
     is included (include_tasks, tagged `always` so that it is reached whatever the tags): its
     phases are the tagged tasks of the file it includes."""
     rows = []
-    for task in _tasks(tasks_dir / name):
+    for task in tasks_of(tasks_dir / name):
         module, args = _module(task)
         target = args if isinstance(args, str) else (args or {}).get("file", "") \
             if isinstance(args, dict) else ""
@@ -166,8 +166,8 @@ def _as_list(value: Any) -> list[str]:
 
 
 def _reboots(role_dir: Path) -> list[str]:
-    handlers = _tasks(role_dir / "handlers" / "main.yml")
-    tasks = {p: _tasks(p) for p in sorted((role_dir / "tasks").glob("*.yml"))}
+    handlers = tasks_of(role_dir / "handlers" / "main.yml")
+    tasks = {p: tasks_of(p) for p in sorted((role_dir / "tasks").glob("*.yml"))}
     out = []
     for h in handlers:
         if _module(h)[0] not in REBOOT_MODULES:

@@ -63,7 +63,10 @@ def _field(data: dict[str, Any], key: str, where: str) -> Any:
             raise ExpectationsError(f"{where}: gpus must be a whole number from 0 to 1024 (got {value!r})")
         return value
     if key == "gpu_ids":
-        return gpu_ids(value, where)
+        try:
+            return gpu_ids(value)
+        except ValueError as exc:
+            raise ExpectationsError(f"{where}: {exc}") from None
     text = str(value)
     if not (DRIVER if key == "driver" else CUDA).match(text):
         example = '"580" or "580.95.05"' if key == "driver" else '"12.8"'
@@ -71,15 +74,16 @@ def _field(data: dict[str, Any], key: str, where: str) -> Any:
     return text
 
 
-def gpu_ids(value: Any, where: str) -> tuple[str, ...]:
-    """PCI IDs as lspci -n prints them ("10de:2330"), lower case, sorted, each once."""
+def gpu_ids(value: Any) -> tuple[str, ...]:
+    """PCI IDs as lspci -n prints them ("10de:2330"), lower case, sorted, each once, from a list
+    or a comma-separated string; ValueError names what is wrong."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not items:
-        raise ExpectationsError(f"{where}: gpu_ids must be a list such as [\"10de:2330\"] (got {value!r})")
+        raise ValueError(f"gpu_ids must be a list such as [\"10de:2330\"] (got {value!r})")
     ids = sorted({str(item).strip().lower() for item in items})
     bad = [i for i in ids if not PCI_ID.match(i)]
     if bad:
-        raise ExpectationsError(f"{where}: gpu_ids must look like \"10de:2330\" (got {bad[0]!r})")
+        raise ValueError(f"gpu_ids must look like \"10de:2330\" (got {bad[0]!r})")
     return tuple(ids)
 
 

@@ -218,9 +218,9 @@ def _gpu_count(hw: Backend) -> int:
 def _gpu_ids(text: str) -> tuple[str, ...]:
     """argparse `type=` of --expect-gpu-ids: the rule of the expectations file's gpu_ids."""
     try:
-        return expectations.gpu_ids(text, "gpu_ids")
-    except expectations.ExpectationsError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("gpu_ids: ")) from None
+        return expectations.gpu_ids(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _first(option: Any, provisioned: Any) -> Any:

@@ -752,24 +752,16 @@ def test_no_role_repeats_another_roles_pin_as_a_fallback():
 # --- Check mode: apt's own simulation without its planner log -------------------------------------
 
 
-def _tasks(items: list) -> list:
-    out = []
-    for task in items or []:
-        out.append(task)
-        for key in ("block", "rescue", "always"):
-            out += _tasks(task.get(key, []))
-    return out
-
-
 def test_no_apt_install_runs_in_check_mode():
     """apt writes /var/log/apt/eipp.log.xz even when the apt module simulates, so every apt task
     that installs or removes packages is for real runs only; check mode includes the preflight
     role's apt_simulate.yml with the same request (a YAML alias of the real task's list)."""
-    yaml = __import__("yaml")
+    from checks.docgen.roles import tasks_of
+
     found = 0
     for path in sorted(roletemplate.ROLES.glob("*/tasks/*.yml")):
         text = path.read_text()
-        for task in _tasks(yaml.safe_load(text)):
+        for task in tasks_of(path):
             apt = task.get("ansible.builtin.apt")
             if not isinstance(apt, dict) or "name" not in apt:
                 continue  # update_cache only

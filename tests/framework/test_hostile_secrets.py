@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from checks import environment, report_schema
+from checks.docgen.roles import tasks_of
 from checks.hw.fixture import FixtureBackend
 from checks.node import node_cli, record
 from checks.node.redact import CMDLINE_KEPT, redact_cmdline
@@ -150,22 +151,13 @@ CREDENTIAL_TASKS = [  # (tasks file, task name, the URL variable it uses)
 ]
 
 
-def _tasks(items: list) -> list[dict]:
-    out = []
-    for task in items or []:
-        out.append(task)
-        for key in ("block", "rescue", "always"):
-            out += _tasks(task.get(key))
-    return out
-
-
 @pytest.mark.parametrize(("path", "name", "variable"), CREDENTIAL_TASKS)
 def test_tasks_that_can_carry_url_credentials_hide_their_output(path, name, variable) -> None:
     """no_log when the URL has credentials (user:token@): the output of a failing task stays
     readable for the usual credential-free URL."""
     import jinja2
 
-    task = next(t for t in _tasks(yaml.safe_load((ROLES / path).read_text())) if t.get("name") == name)
+    task = next(t for t in tasks_of(ROLES / path) if t.get("name") == name)
     expr = task["no_log"]
     assert variable in expr
     env = jinja2.Environment()
