@@ -23,7 +23,7 @@ from pathlib import Path
 
 from checks.supervise.launch import LaunchOutcome, launch
 from trainer.config import TrainConfig
-from trainer.jobs import ORDER
+from trainer.jobs import ORDER, modules
 from trainer.placement import choose_nproc
 from trainer.report import FAIL, JobReport
 from trainer.worker import job_file
@@ -183,7 +183,8 @@ def _launch_all(order: list[str], cfg: TrainConfig, base: Path, reports: dict[st
                          stall_s=stall_s, start_timeout_s=start_timeout_s,
                          env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
                          nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                         node_rank=node_rank, local_addr=local_addr, on_hang=request_dumps)
+                         node_rank=node_rank, local_addr=local_addr, on_hang=request_dumps,
+                         preload=modules(remaining))
         launches.append(outcome)
         reports.update(_collect(wd, remaining))
         remaining = [j for j in remaining if j not in reports]

@@ -47,7 +47,9 @@ def run_all(rank: Rank, names: list[str], cfg: TrainConfig,
         before = distenv.live_groups()
         job_cfg = replace(cfg, hidden=sizes.MLP_SMALL_HIDDEN) if name in sizes.ALWAYS_SMALL \
             and cfg.hidden == sizes.MLP_LARGE_HIDDEN else cfg
-        report = jobs.get(name)(env, job_cfg)
+        fn = jobs.get(name)
+        gc.freeze()
+        report = fn(env, job_cfg)
         gc.collect()  # the job's DDP reducers go before its groups (gloo teardown hang)
         env.beat(f"{name}/end")
         groups = distenv.end_job(env, before)

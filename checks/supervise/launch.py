@@ -21,13 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from checks.supervise import procs
-from checks.supervise.guard import ENV_LOOPBACK_STORE
 from checks.supervise.rank import ENV_WORKDIR
 
 # Errors a rank raises because another rank disappeared: the victim, not the cause.
@@ -35,6 +34,7 @@ PEER_LOSS = re.compile(r"Connection (closed|reset) by peer|remote process exited
                        r"NCCL communicator was aborted|ProcessGroupGloo.*(closed|timed out)|"
                        r"Socket Timeout|Connection refused|read error|EOF", re.IGNORECASE)
 GUARD = "checks.supervise.guard"  # `python -m GUARD MODULE`: MODULE dies with its parent
+FORKRUN = "checks.supervise.forkrun"  # one host's launcher: imports torch once, forks the ranks
 ROOT = str(Path(__file__).resolve().parents[2])  # the ranks import `checks` from here
 FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
@@ -128,8 +128,8 @@ def _endpoint_is_local(endpoint: str) -> bool:
     return False
 
 
-def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 1,
-                     rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int,
+                     rdzv_endpoint: str | None, rdzv_id: str | None = None,
                      node_rank: int | None = None, local_addr: str | None = None,
                      join_timeout_s: float = 60.0, python: str = sys.executable,
                      log_dir: str | Path | None = None) -> list[str]:
@@ -137,23 +137,26 @@ def torchrun_command(module: str, args: list[str], *, nproc: int, nnodes: int = 
            "--max-restarts=0", "--monitor-interval=0.1"]
     if log_dir is not None:  # else torchrun makes /tmp/torchelastic_*, left behind by a kill
         cmd.append(f"--log-dir={log_dir}")
-    if nnodes == 1 and rdzv_endpoint is None:
-        # Static rendezvous on loopback: nothing listens beyond this host.
-        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-                "--rdzv-backend=static", "--node-rank=0"]
-    else:
-        if rdzv_endpoint is None:
-            raise ValueError("a multi-node launch needs rdzv_endpoint HOST:PORT")
-        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                f"--rdzv-id={rdzv_id or 'nodecert'}",
-                f"--rdzv-conf=join_timeout={int(join_timeout_s)}"
-                + (",is_host=1" if _endpoint_is_local(rdzv_endpoint) else "")]
-        if node_rank is not None:
-            cmd.append(f"--node-rank={node_rank}")
-        if local_addr:
-            cmd.append(f"--local-addr={local_addr}")
+    if rdzv_endpoint is None:
+        raise ValueError("a torchrun launch needs rdzv_endpoint HOST:PORT (one host: forkrun)")
+    cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id or 'nodecert'}",
+            f"--rdzv-conf=join_timeout={int(join_timeout_s)}"
+            + (",is_host=1" if _endpoint_is_local(rdzv_endpoint) else "")]
+    if node_rank is not None:
+        cmd.append(f"--node-rank={node_rank}")
+    if local_addr:
+        cmd.append(f"--local-addr={local_addr}")
     # Every rank runs through the guard: it dies with torchrun, even when torchrun is SIGKILLed.
     return [*cmd, "-m", GUARD, module, *args]
+
+
+def forkrun_command(module: str, args: list[str], *, nproc: int, preload: Sequence[str] = (),
+                    python: str = sys.executable, run_id: str | None = None) -> list[str]:
+    """One host's launch: `forkrun` (through the guard: it dies with its parent) imports torch
+    and `preload` once and forks the ranks."""
+    return [python, "-m", GUARD, FORKRUN, f"--nproc={nproc}", f"--preload={','.join(preload)}",
+            f"--run-id={run_id or 'nodecert'}", module, *args]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -178,8 +181,11 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
            nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
            rdzv_id: str | None = None, node_rank: int | None = None,
            local_addr: str | None = None, python: str = sys.executable,
-           on_hang: Callable[[Path], object] | None = None) -> LaunchOutcome:
-    """Run `python -m module args` on `nproc` ranks (per node) under torchrun and supervise it.
+           on_hang: Callable[[Path], object] | None = None,
+           preload: Sequence[str] = ()) -> LaunchOutcome:
+    """Run `python -m module args` on `nproc` ranks (per node) and supervise it: one host's
+    ranks are forked by checks.supervise.forkrun after it imported torch and `preload` once;
+    a multi-node launch runs under torchrun's c10d rendezvous.
 
     `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the
     trainer asks NCCL's flight recorder for its dump there).
@@ -192,19 +198,23 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in workdir.glob("*.json"):
         stale.unlink()
-    cmd = torchrun_command(module, args, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                           rdzv_id=rdzv_id, node_rank=node_rank, local_addr=local_addr,
-                           join_timeout_s=start_timeout_s, python=python,
-                           log_dir=workdir / "torchelastic")
+    single = nnodes == 1 and rdzv_endpoint is None
+    if single:
+        cmd = forkrun_command(module, args, nproc=nproc, preload=preload, python=python,
+                              run_id=rdzv_id)
+    else:
+        cmd = torchrun_command(module, args, nproc=nproc, nnodes=nnodes,
+                               rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank,
+                               local_addr=local_addr, join_timeout_s=start_timeout_s,
+                               python=python, log_dir=workdir / "torchelastic")
     pythonpath = os.pathsep.join(p for p in (ROOT, (env or {}).get("PYTHONPATH")
                                              or os.environ.get("PYTHONPATH")) if p)
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 **(env or {}), ENV_WORKDIR: str(workdir), "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": pythonpath}
-    if nnodes == 1 and rdzv_endpoint is None:
+    if single:
         # One host: nothing of the launch listens beyond loopback, neither the rendezvous store
-        # (guard.loopback_store) nor gloo's sockets (unless the caller chose an interface).
-        full_env[ENV_LOOPBACK_STORE] = "1"
+        # (forkrun binds it there) nor gloo's sockets (unless the caller chose an interface).
         full_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     log_path = workdir / "launcher.log"
     expected = set(range(nproc)) if nnodes == 1 else None

@@ -1,4 +1,4 @@
-"""checks.supervise.launch through torchrun with tests/dist/probe_rank.py: a clean run, and each
+"""checks.supervise.launch (forkrun: one host) with tests/dist/probe_rank.py: a clean run, and each
 injected fault named on the right rank, in bounded time, with no process left behind."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No process of a run outlives it: a real `python -m checks` (the collective check: torchrun and
+"""No process of a run outlives it: a real `python -m checks` (the collective check: forkrun and
 its gloo ranks) and a real `python -m trainer` are stopped with SIGINT, SIGTERM and SIGKILL
 (SIGKILL: nothing of ours runs, the kernel's parent-death signal ends the tree), and by their
 own timeout; then no process that carries the run's marker remains, and the run's temporary
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.supervise import procs
+from checks.supervise import forkrun, procs
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +49,14 @@ class Run:
         return procs.with_env(MARK, self.mark)
 
     def ranks(self) -> list[int]:
+        """The ranks forkrun forked (one host), by the name it gives them."""
         found = []
         for pid in self.processes():
             try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
                 continue
-            if any(v.startswith(b"LOCAL_RANK=") for v in environ):
+            if comm.startswith(forkrun.RANK_COMM):
                 found.append(pid)
         return found
 
@@ -131,7 +132,7 @@ def test_checks_run_leaves_no_process_on_a_signal(runs: list[Run], tmp_path: Pat
         return  # nothing of ours ran: the temporary directories stay (docs/checks.md)
     assert code == 128 + sig, run.output()
     assert f"stopped by {sig.name}" in run.output()
-    assert run.left_in_tmp() == []  # the collective's workdir and torchrun's log dir went too
+    assert run.left_in_tmp() == []  # the collective's workdir went too
 
 
 @pytest.mark.timeout(240)
@@ -141,7 +142,7 @@ def test_trainer_leaves_no_process_on_a_signal(runs: list[Run], tmp_path: Path,
     run = Run(TRAINER, tmp_path)
     runs.append(run)
     ranks = run.wait_for_ranks(2)
-    # One host: nothing of the launch (torchrun's store, gloo) listens beyond loopback.
+    # One host: nothing of the launch (forkrun's store, gloo) listens beyond loopback.
     tree = run.processes()
     addresses = listening(tree)
     assert addresses, "the rendezvous store should be listening"

@@ -255,10 +255,10 @@ def test_the_nodes_install_trains(node):
     trained = {i: found[i] for i in TRAIN}
     assert trained == dict.fromkeys(TRAIN, "PASS"), messages(report, *TRAIN)
     assert found["train-dp"] == "SKIP"  # DataParallel needs 2 GPUs
-    assert messages(report, "train-ddp")["train-ddp"].startswith("4 ranks x 20 steps equal the single-device")
+    assert messages(report, "train-ddp")["train-ddp"].startswith("4 ranks x 10 steps equal the single-device")
     assert {i: found[i] for i in WORKLOADS} == dict.fromkeys(WORKLOADS, "PASS"), messages(report, *WORKLOADS)
     [collective] = next(c for c in report["checks"] if c["id"] == "nccl-allreduce")["results"]
     assert collective["details"]["backend"] == "gloo", collective["details"]
     launch = collective["details"]["launch"]["command"]
-    assert launch.startswith(f"{VENV}/bin/python -m checks.supervise.guard torch.distributed.run "), launch
+    assert launch.startswith(f"{VENV}/bin/python -m checks.supervise.guard checks.supervise.forkrun "), launch
     assert f"venv {VENV}; torch {SITE}/torch" in messages(report, "disk-space")["disk-space"]

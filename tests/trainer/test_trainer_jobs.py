@@ -115,7 +115,7 @@ def test_every_job_ran_with_the_launch_timeout_and_left_no_group(acceptance_stag
 def test_ddp_on_3_ranks_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["ddp", "--nproc", "3", "--timeout", "240"]) == cli.EXIT_PASS
     out = capsys.readouterr().out
-    assert "ddp       PASS  3 ranks x 20 steps" in out and "ddp_samples_per_s=" in out
+    assert "ddp       PASS  3 ranks x 10 steps" in out and "ddp_samples_per_s=" in out
 
 
 def test_pipeline_and_syncbn_on_2_ranks_under_plain_torchrun() -> None:

@@ -125,8 +125,8 @@ def remove_dir(env: DistEnv, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def describe_band(band: float) -> dict[str, Any]:
-    return {"band_rel": band, "band_steps": BAND_STEPS, "band_lr": BAND_LR}
+def describe_band(band: float, steps: int = BAND_STEPS) -> dict[str, Any]:
+    return {"band_rel": band, "band_steps": steps, "band_lr": BAND_LR}
 
 
 def holds(name: str, ok: bool, why: str) -> Comparison:

@@ -54,7 +54,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     ddp = DDP(model, device_ids=[env.device] if env.is_cuda else None, process_group=group)
     if cfg.control("ddp-fp16-allreduce"):
         # A reduction at fp16 precision (what a broken or misconfigured compression gives):
-        # ~3e-5 off after 20 steps, which the fp32 tolerance must not admit.
+        # ~3e-5 off after 10-20 steps, which the fp32 tolerance must not admit.
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)

@@ -6,7 +6,8 @@ batches and compares the gathered parameters (no mixed precision: exact to the d
 tolerance). Each rank must hold only its own shard (1/N of every parameter) and every rank must
 gather the same full parameters. Then a second run with MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=bf16) (fp32 master weights) must keep the loss curve within the calibrated bf16 band
-of the fp32 single-device curve, and the job observes that the policy took effect: every Linear
+of the fp32 single-device curve (the job's own step count, at most the band's 40: the band holds
+at every step, so a prefix judges as well), and the job observes that the policy took effect: every Linear
 computed with bfloat16 weights and outputs (forward hooks), and every gradient reduce-scatter
 carried bfloat16 (FSDP2's `set_custom_reduce_scatter` with a recording copy of its default).
 Negative controls: `fsdp-early-optimizer`, the optimizer built before `fully_shard`, which replaces
@@ -120,7 +121,10 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     gc.collect()
 
     env.beat(f"{NAME}/bf16-setup")
-    band_data = common.dataset(env, common.BAND_STEPS, b, torch.float32, cfg.seed + 1)
+    # The band holds at every step of the calibrated curve, so a prefix of it judges as well:
+    # the job's own step count (each FSDP step is ~9 collectives per rank).
+    mp_steps = min(common.BAND_STEPS, cfg.steps)
+    band_data = common.dataset(env, mp_steps, b, torch.float32, cfg.seed + 1)
     policy = None if cfg.control("fsdp-no-mp") else MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     torch.manual_seed(cfg.seed)
@@ -129,7 +133,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     probe = common.DtypeProbe(mp_model)
     reduce_scatter = observe_reduce_scatter(mp_model)
     mp_opt = torch.optim.SGD(mp_model.parameters(), lr=common.BAND_LR, momentum=cfg.momentum)
-    mp_losses = train(env, mp_model, mp_opt, band_data, common.BAND_STEPS, b, cfg, "bf16")
+    mp_losses = train(env, mp_model, mp_opt, band_data, mp_steps, b, cfg, "bf16")
     seen = {**probe.remove(), "reduce": sorted(reduce_scatter.dtypes)}
     del mp_opt, mp_model
     gc.collect()
@@ -143,7 +147,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     rtol, atol = cfg.tolerances()
     ref, _ = common.reference(initial, data, cfg.steps, b * world, cfg.lr, cfg.momentum,
                               env.device, dtype)
-    _, band_ref = common.reference(band_initial, band_data, common.BAND_STEPS, b * world,
+    _, band_ref = common.reference(band_initial, band_data, mp_steps, b * world,
                                    common.BAND_LR, cfg.momentum, env.device, torch.float32)
     expected = {k: v.detach().cpu() for k, v in ref.state_dict().items()}
     comparisons = [
@@ -166,7 +170,7 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
         "mixed_precision": "param_dtype=bfloat16, reduce_dtype=bfloat16, fp32 master weights"
         if policy is not None else "none (negative control)",
         "mixed_precision_observed_per_rank": mp_seen,
-        **common.describe_band(common.BF16_BAND)}
+        **common.describe_band(common.BF16_BAND, mp_steps)}
     return JobReport.judge(NAME, comparisons,
                            f"fully_shard over {world} ranks equals the single-device reference "
                            f"(max abs diff {comparisons[0].max_abs:.2g}); each rank holds 1/{world}; "
