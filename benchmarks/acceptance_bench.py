@@ -103,8 +103,8 @@ def main() -> int:
         took_s = (f"{t:5.1f} s {t / stage_s:6.1%}" if isinstance(t, (int, float))
                   else "   -          ")
         print(f"  train-{job:10s} {r.status:5s} {took_s}  {r.message[:100]}")
-    # what the jobs do not account for: torchrun, process start (import torch per rank), process
-    # groups, teardown, the supervisor
+    # what the jobs do not account for: the launcher (forkrun: torch and the jobs' modules
+    # imported once, here not prepared ahead), process groups, teardown, the supervisor
     print(f"  launch overhead        {stage_s - in_jobs:5.1f} s {(stage_s - in_jobs) / stage_s:6.1%}"
           "  (stage wall - sum of the jobs' own times)")
     print(f"acceptance stage: {stage_s:.1f} s wall for {len(results)} jobs "

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checks.supervise.launch import LaunchOutcome, launch
+from checks.supervise.launch import LaunchOutcome, Prepared, launch, prepare
 from trainer.config import TrainConfig
 from trainer.jobs import ORDER, modules
 from trainer.placement import choose_nproc
@@ -35,11 +35,33 @@ DUMP_WAIT_S = 5.0  # how long a hung launch waits for the dumps it asked for
 
 
 @dataclass
+class PreparedSuite:
+    """The first launch of run_jobs started ahead (`prepare_jobs`): its launcher imports torch and
+    the jobs' modules while the caller runs other checks."""
+    jobs: list[str]
+    nproc: int
+    base: Path
+    own: bool  # the base directory was made here: removed at the end
+    launch: Prepared
+
+    def close(self) -> None:
+        """End it unused (safe to call after use too)."""
+        self.launch.close()
+        if self.own:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+@dataclass
 class SuiteOutcome:
     reports: dict[str, JobReport]
     nproc: int
     duration_s: float
     launches: list[LaunchOutcome] = field(default_factory=list)
+
+    @property
+    def prepared(self) -> bool:
+        """The first launch used a launcher prepared ahead (prepare_jobs)."""
+        return bool(self.launches) and "--hold" in self.launches[0].command
 
 
 def cuda_count() -> int:
@@ -120,25 +142,62 @@ def _failure(job: str, outcome: LaunchOutcome) -> JobReport:
         "flight_recorder": dumps})
 
 
+def _launch_args(jobs: list[str], cfg: TrainConfig, stall_s: float,
+                 pg_timeout_s: float | None) -> list[str]:
+    return [*jobs, "--config-json", json.dumps(cfg.to_dict()),
+            "--pg-timeout", str(pg_timeout_s or max(stall_s * 2, 60.0))]
+
+
+def prepare_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int, stall_s: float = 60.0,
+                 pg_timeout_s: float | None = None, workdir: str | Path | None = None,
+                 env: dict[str, str] | None = None) -> PreparedSuite:
+    """Start the launcher of `run_jobs(jobs, cfg, ..., prepared=<this>)` now (one host): its
+    imports overlap whatever the caller does next. Call run_jobs with the same arguments, or
+    close() it."""
+    cfg.validate()
+    order = [j for j in ORDER if j in jobs]
+    own = workdir is None
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-train-"))
+    wd = base / "launch-0"
+    try:
+        held = prepare("trainer", _launch_args(order, cfg, stall_s, pg_timeout_s), nproc=nproc,
+                       env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
+                       preload=modules(order))
+    except BaseException:
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+        raise
+    return PreparedSuite(order, nproc, base, own, held)
+
+
 def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
              timeout_s: float = 600.0, stall_s: float = 60.0, start_timeout_s: float = 120.0,
              pg_timeout_s: float | None = None, workdir: str | Path | None = None,
              env: dict[str, str] | None = None, nnodes: int = 1, node_rank: int | None = None,
              rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-             local_addr: str | None = None, share_gpu: bool = False) -> SuiteOutcome:
+             local_addr: str | None = None, share_gpu: bool = False,
+             prepared: PreparedSuite | None = None) -> SuiteOutcome:
     """Run `jobs` (names from trainer.jobs.ORDER) on `nproc` ranks per node; one report per job.
 
     `nproc` defaults to trainer.placement.choose_nproc (one rank per GPU, ranks sharing the GPU
     of a one-GPU host, 4 on the CPU); more ranks than GPUs needs `share_gpu` (ValueError
     otherwise). Multi-node: give nnodes, rdzv_endpoint (HOST:PORT on the first node) and the
     same rdzv_id on every node; each node's call supervises its local ranks (no relaunch
-    across nodes).
+    across nodes). `prepared` (prepare_jobs with the same arguments) is the first launch's
+    launcher, started earlier.
     """
     cfg.validate()
     nproc, _ = choose_nproc(nproc, cfg.device, cuda_count(), share_gpu)
     order = [j for j in ORDER if j in jobs]
-    own = workdir is None
-    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-train-"))
+    if prepared is not None and (prepared.jobs != order or prepared.nproc != nproc
+                                 or (workdir is not None and Path(workdir) != prepared.base)):
+        prepared.close()
+        prepared = None
+    if prepared is not None:
+        own, base = prepared.own, prepared.base
+    else:
+        own = workdir is None
+        base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-train-"))
     start = time.monotonic()
     reports: dict[str, JobReport] = {}
     launches: list[LaunchOutcome] = []
@@ -146,7 +205,8 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
         _launch_all(order, cfg, base, reports, launches, nproc=nproc, timeout_s=timeout_s,
                     stall_s=stall_s, start_timeout_s=start_timeout_s, pg_timeout_s=pg_timeout_s,
                     env=env, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                    rdzv_id=rdzv_id, local_addr=local_addr)
+                    rdzv_id=rdzv_id, local_addr=local_addr,
+                    prepared=prepared.launch if prepared else None)
     except BaseException:  # SIGINT/SIGTERM (procs.Terminated) or a bug: launch() killed the ranks
         if own:
             shutil.rmtree(base, ignore_errors=True)
@@ -172,19 +232,19 @@ def _launch_all(order: list[str], cfg: TrainConfig, base: Path, reports: dict[st
                 launches: list[LaunchOutcome], *, nproc: int, timeout_s: float, stall_s: float,
                 start_timeout_s: float, pg_timeout_s: float | None,
                 env: dict[str, str] | None, nnodes: int, node_rank: int | None,
-                rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None) -> None:
+                rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
+                prepared: Prepared | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     remaining = list(order)
     while remaining:
         wd = base / f"launch-{len(launches)}"
-        args = [*remaining, "--config-json", json.dumps(cfg.to_dict()),
-                "--pg-timeout", str(pg_timeout_s or max(stall_s * 2, 60.0))]
+        args = _launch_args(remaining, cfg, stall_s, pg_timeout_s)
         outcome = launch("trainer", args, nproc=nproc, timeout_s=max(deadline - time.monotonic(), 1),
                          stall_s=stall_s, start_timeout_s=start_timeout_s,
                          env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
                          nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                          node_rank=node_rank, local_addr=local_addr, on_hang=request_dumps,
-                         preload=modules(remaining))
+                         preload=modules(remaining), prepared=prepared if not launches else None)
         launches.append(outcome)
         reports.update(_collect(wd, remaining))
         remaining = [j for j in remaining if j not in reports]

@@ -18,6 +18,11 @@ LEVELS = ("quick", "standard", "burn-in")
 STAGES = ("host", "inventory", "health", "workload", "acceptance", "burn-in")
 
 CheckFn = Callable[["Context"], Result | Iterable[Result]]
+# Runs before the first check of a run, for each selected check that has one (the same function
+# once): starts slow preparation (a launcher importing torch) that overlaps the checks before
+# it; returns what closes the preparation if its check never uses it, or None. An exception is
+# ignored: the check itself then does the work and reports what went wrong.
+PrepareFn = Callable[["Context"], Callable[[], None] | None]
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Check:
     needs: tuple[str, ...] = ()
     timeout_s: float = 60.0
     seq: int = 0  # registration order, the last tie-breaker of `ordered`
+    prepare: PrepareFn | None = None
 
     @property
     def doc(self) -> str:
@@ -46,7 +52,8 @@ REGISTRY: dict[str, Check] = {}
 
 def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = "health",
           tags: Iterable[str] = (), needs: Iterable[str] = (),
-          timeout_s: float = 60.0) -> Callable[[CheckFn], CheckFn]:
+          timeout_s: float = 60.0, prepare: PrepareFn | None = None
+          ) -> Callable[[CheckFn], CheckFn]:
     """Register a check. `id` is stable and hyphenated; `code` is the stable fault code."""
     if level not in LEVELS:
         raise ValueError(f"{id}: unknown level {level}")
@@ -60,7 +67,7 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
             raise ValueError(f"fault code {code} registered twice")
         REGISTRY[id] = Check(id=id, code=code, title=title, func=func, level=level, stage=stage,
                              tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s,
-                             seq=len(REGISTRY))
+                             seq=len(REGISTRY), prepare=prepare)
         return func
 
     return register

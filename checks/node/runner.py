@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -104,16 +105,45 @@ def run_one(chk: Check, ctx: Context, *, in_thread: bool = True) -> CheckOutcome
     return done
 
 
+def prepare(checks: list[Check], ctx: Context) -> Callable[[], None]:
+    """Run the checks' prepare hooks (each function once); returns what closes what they
+    started and no check used. A hook that raises is ignored: its check does the work then."""
+    closers: list[Callable[[], None]] = []
+    seen: set[Any] = set()
+    for chk in checks:
+        if chk.prepare is None or chk.prepare in seen:
+            continue
+        seen.add(chk.prepare)
+        try:
+            closer = chk.prepare(ctx)
+        except Exception:  # noqa: BLE001 - an optimisation only; the check reports the problem
+            continue
+        if closer is not None:
+            closers.append(closer)
+
+    def close() -> None:
+        for closer in closers:
+            with contextlib.suppress(Exception):
+                closer()
+
+    return close
+
+
 def run(checks: Iterable[Check], ctx: Context, listener: Listener | None = None
         ) -> list[CheckOutcome]:
+    checks = list(checks)
     outcomes = []
-    for chk in checks:
-        if listener:
-            listener(chk, None)
-        done = run_one(chk, ctx)
-        outcomes.append(done)
-        if listener:
-            listener(chk, done)
+    close = prepare(checks, ctx)
+    try:
+        for chk in checks:
+            if listener:
+                listener(chk, None)
+            done = run_one(chk, ctx)
+            outcomes.append(done)
+            if listener:
+                listener(chk, done)
+    finally:
+        close()
     return outcomes
 
 

@@ -49,16 +49,21 @@ def _send(fd: int, message: tuple[Any, ...]) -> None:
 
 
 def _serve(checks: list[Check], ctx: Context, fd: int) -> None:
-    """Worker side: run each check in this (main) thread, announce it, send its outcome."""
-    for chk in checks:
-        _send(fd, ("start", chk.id))
-        done = runner.run_one(chk, ctx, in_thread=False)
-        try:
-            _send(fd, ("done", done))
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            _send(fd, ("done", runner.outcome(chk, [error(
-                f"result could not be passed back from the worker: {exc} (bug in the check)")],
-                done.duration_s)))
+    """Worker side: run each check in this (main) thread, announce it, send its outcome. The
+    checks' prepare hooks run first (what they start dies with this worker, or is closed)."""
+    close = runner.prepare(checks, ctx)
+    try:
+        for chk in checks:
+            _send(fd, ("start", chk.id))
+            done = runner.run_one(chk, ctx, in_thread=False)
+            try:
+                _send(fd, ("done", done))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                _send(fd, ("done", runner.outcome(chk, [error(
+                    f"result could not be passed back from the worker: {exc} (bug in the check)")],
+                    done.duration_s)))
+    finally:
+        close()
 
 
 class _Reader:

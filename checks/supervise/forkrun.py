@@ -17,6 +17,10 @@ signal), which the supervisor reads. Exit status: 0 when every rank exited 0, el
 when stopped by signal N. Each rank dies with the launcher (PR_SET_PDEATHSIG), and the launcher
 with its own parent (run it through checks.supervise.guard).
 
+Prepared ahead (`--hold`, launch.prepare): the launcher does its imports while the caller runs
+other checks, then forks the ranks when a line arrives on its stdin (checks.supervise.launch's
+`launch(prepared=...)`); end of input without a line means the launch was not wanted (exit 0).
+
 Forking is safe because nothing has a thread or a CUDA context yet: the launcher refuses to fork
 otherwise (one line, exit 1), and the store's server starts only after the last fork.
 """
@@ -159,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, required=True)
     p.add_argument("--preload", default="", help="comma-separated modules to import before forking")
     p.add_argument("--run-id", default="nodecert")
+    p.add_argument("--hold", action="store_true",
+                   help="prepared ahead: after the imports wait for a line on stdin before forking "
+                        "(end of input: exit 0, never used)")
     p.add_argument("module")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -182,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     port = int(listener.getsockname()[1])
     sys.stdout.flush()
     sys.stderr.flush()
+    if a.hold and not sys.stdin.buffer.readline():
+        return 0  # prepared, then not wanted: the ranks never start
     me = os.getpid()
     pids: dict[int, int] = {}
     for rank in range(a.nproc):

@@ -12,6 +12,7 @@ session of its own, watches the ranks' heartbeat files (see rank.py) and:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -175,29 +176,15 @@ def _heartbeats(workdir: Path) -> dict[int, dict[str, Any]]:
     return beats
 
 
-def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
-           stall_s: float | None = None, start_timeout_s: float = 120.0,
-           env: dict[str, str] | None = None, workdir: str | Path | None = None,
-           nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
+def _setup(module: str, args: list[str], *, nproc: int, env: dict[str, str] | None,
+           workdir: str | Path | None, nnodes: int = 1, rdzv_endpoint: str | None = None,
            rdzv_id: str | None = None, node_rank: int | None = None,
-           local_addr: str | None = None, python: str = sys.executable,
-           on_hang: Callable[[Path], object] | None = None,
-           preload: Sequence[str] = ()) -> LaunchOutcome:
-    """Run `python -m module args` on `nproc` ranks (per node) and supervise it: one host's
-    ranks are forked by checks.supervise.forkrun after it imported torch and `preload` once;
-    a multi-node launch runs under torchrun's c10d rendezvous.
-
-    `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the
-    trainer asks NCCL's flight recorder for its dump there).
-
-    `world_size` is the total over all nodes (default nproc * nnodes); heartbeats of remote
-    ranks are only visible when the workdir is shared, so on one node of a multi-node launch
-    only the local ranks are judged.
-    """
+           local_addr: str | None = None, start_timeout_s: float = 120.0,
+           python: str = sys.executable, preload: Sequence[str] = ()
+           ) -> tuple[Path, list[str], dict[str, str]]:
+    """The launch's workdir (made), launcher command and environment."""
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-launch-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    for stale in workdir.glob("*.json"):
-        stale.unlink()
     single = nnodes == 1 and rdzv_endpoint is None
     if single:
         cmd = forkrun_command(module, args, nproc=nproc, preload=preload, python=python,
@@ -216,18 +203,117 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
         # One host: nothing of the launch listens beyond loopback, neither the rendezvous store
         # (forkrun binds it there) nor gloo's sockets (unless the caller chose an interface).
         full_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return workdir, cmd, full_env
+
+
+@dataclass
+class Prepared:
+    """One host's launcher started ahead of its launch (`prepare()`): it imports torch and the
+    rank program's modules while the caller does other work, and forks the ranks when
+    `launch(prepared=...)` says go. `close()` ends it unused (safe to call again)."""
+    proc: subprocess.Popen[bytes]
+    log: Any  # the launcher's log file, open
+    command: list[str]  # as started (with --hold)
+    key: tuple[Any, ...]
+
+    def usable(self, cmd: list[str], env: dict[str, str] | None) -> bool:
+        return self.proc.poll() is None and self.key == _key(cmd, env)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass  # it died meanwhile: the launch reports how
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        procs.kill_tree(self.proc)
+        self.log.close()
+
+
+def prepare(module: str, args: list[str], *, nproc: int, env: dict[str, str] | None = None,
+            workdir: str | Path, preload: Sequence[str] = (), rdzv_id: str | None = None,
+            python: str = sys.executable) -> Prepared:
+    """Start one host's launcher for `launch(module, args, nproc=..., env=..., workdir=...,
+    preload=..., prepared=<this>)` now; it waits after its imports. The caller closes it if
+    the launch never comes (it also dies with the calling thread, PR_SET_PDEATHSIG)."""
+    workdir, cmd, full_env = _setup(module, args, nproc=nproc, env=env, workdir=workdir,
+                                    rdzv_id=rdzv_id, python=python, preload=preload)
+    for stale in workdir.glob("*.json"):
+        stale.unlink()
+    held = [*cmd[:cmd.index(FORKRUN) + 1], "--hold", *cmd[cmd.index(FORKRUN) + 1:]]
+    log = open(workdir / "launcher.log", "wb")  # noqa: SIM115 - closed by Prepared
+    try:
+        proc = procs.start(held, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                           stdin=subprocess.PIPE)
+    except BaseException:
+        log.close()
+        raise
+    return Prepared(proc, log, held, _key(cmd, env))
+
+
+def _key(cmd: list[str], env: dict[str, str] | None) -> tuple[Any, ...]:
+    """What makes a prepared launcher this launch's: its command and the caller's own variables
+    (the rest of the environment is the process's as it was at prepare(): a variable a check
+    set in between, such as the digest's CUBLAS_WORKSPACE_CONFIG, does not reach the ranks)."""
+    return tuple(cmd), tuple(sorted((env or {}).items()))
+
+
+def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
+           stall_s: float | None = None, start_timeout_s: float = 120.0,
+           env: dict[str, str] | None = None, workdir: str | Path | None = None,
+           nnodes: int = 1, world_size: int | None = None, rdzv_endpoint: str | None = None,
+           rdzv_id: str | None = None, node_rank: int | None = None,
+           local_addr: str | None = None, python: str = sys.executable,
+           on_hang: Callable[[Path], object] | None = None,
+           preload: Sequence[str] = (), prepared: Prepared | None = None) -> LaunchOutcome:
+    """Run `python -m module args` on `nproc` ranks (per node) and supervise it: one host's
+    ranks are forked by checks.supervise.forkrun after it imported torch and `preload` once;
+    a multi-node launch runs under torchrun's c10d rendezvous. `prepared` (from `prepare()`
+    with the same arguments) is that launcher started earlier, its imports done or under way:
+    its ranks start now; another launch's, or one that died, is closed and a fresh one started.
+
+    `on_hang(workdir)` runs when the launch is judged hung, before the ranks are killed (the
+    trainer asks NCCL's flight recorder for its dump there).
+
+    `world_size` is the total over all nodes (default nproc * nnodes); heartbeats of remote
+    ranks are only visible when the workdir is shared, so on one node of a multi-node launch
+    only the local ranks are judged.
+    """
+    workdir, cmd, full_env = _setup(module, args, nproc=nproc, env=env, workdir=workdir,
+                                    nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                                    node_rank=node_rank, local_addr=local_addr,
+                                    start_timeout_s=start_timeout_s, python=python,
+                                    preload=preload)
     log_path = workdir / "launcher.log"
     expected = set(range(nproc)) if nnodes == 1 else None
-    start = time.monotonic()
     hung, reason = False, ""
     leftovers: list[int] = []
     beats: dict[int, dict[str, Any]] = {}
-    with open(log_path, "wb") as log:
-        # torchrun in a session of its own, dying with this thread (procs.start); the ranks in
-        # sessions of theirs, dying with torchrun (the guard). On any way out of this block (a
-        # hang, SIGINT/SIGTERM raised as an exception, a bug) the whole tree is killed.
-        proc = procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                           stdin=subprocess.DEVNULL)
+    ready = prepared is not None and prepared.usable(cmd, env)
+    if prepared is not None and not ready:
+        prepared.close()  # not this launch, or no longer running: start afresh
+    with contextlib.ExitStack() as stack:
+        # The launcher in a session of its own, dying with this thread (procs.start); the ranks
+        # dying with it (forkrun sets their parent-death signal, torchrun's go through the
+        # guard). On any way out of this block (a hang, SIGINT/SIGTERM raised as an exception, a
+        # bug) the whole tree is killed.
+        if ready:
+            assert prepared is not None
+            stack.callback(prepared.log.close)
+            proc, cmd = prepared.proc, prepared.command
+            prepared.go()
+        else:
+            for stale in workdir.glob("*.json"):
+                stale.unlink()
+            log = stack.enter_context(open(log_path, "wb"))
+            proc = procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                               stdin=subprocess.DEVNULL)
+        start = time.monotonic()
         try:
             last_total, last_progress = -1, start
             while proc.poll() is None:

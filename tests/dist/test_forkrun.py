@@ -1,7 +1,8 @@
 """checks.supervise.forkrun, the single-host launcher, run for real: what each forked rank sees
 (torchrun's variables, its name, the preloaded modules, the launcher as its parent), a rank's
-failure stopping the others with torchrun's failure block, and the refusal to fork a process
-that already runs a thread."""
+failure stopping the others with torchrun's failure block, the refusal to fork a process
+that already runs a thread, and a launcher prepared ahead (launch.prepare): used by its launch,
+closed by another, closed unused, ended by the end of its input."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.supervise import forkrun, launch
+from checks.supervise import forkrun, launch, procs
+from checks.supervise.rank import ENV_WORKDIR
 
 pytestmark = pytest.mark.slow
 
@@ -59,3 +61,55 @@ def test_forkrun_refuses_to_fork_a_process_with_a_thread(tmp_path: Path) -> None
     assert proc.stderr.strip() == ("forkrun: cannot fork the ranks: 2 threads are running (a "
                                    "forked rank would inherit their locks)")
     assert list(tmp_path.iterdir()) == []  # no rank ran
+
+
+def _probe(tmp_path: Path, iters: str = "3") -> dict:
+    return {"module": "probe_rank", "args": [iters], "nproc": 2, "env": dict(PROBE_ENV),
+            "workdir": tmp_path / "work"}
+
+
+PROBE_ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+
+
+def test_a_prepared_launcher_forks_its_ranks_when_the_launch_comes(tmp_path: Path) -> None:
+    spec = _probe(tmp_path)
+    held = launch.prepare(spec["module"], spec["args"], nproc=2, env=spec["env"],
+                          workdir=spec["workdir"])
+    assert not list(spec["workdir"].glob("heartbeat-*"))  # waiting: no rank yet
+    outcome = launch.launch(spec["module"], spec["args"], nproc=2, env=spec["env"],
+                            workdir=spec["workdir"], timeout_s=90, stall_s=30, prepared=held)
+    assert outcome.ok, outcome.summary + outcome.log_tail
+    assert "--hold" in outcome.command and outcome.returncode == 0
+    assert {r: res["sum"] for r, res in outcome.results.items()} == {0: 3.0, 1: 3.0}
+    assert outcome.leftover_pids == [] and held.proc.poll() is not None
+
+
+def test_another_launch_closes_the_prepared_launcher_and_starts_afresh(tmp_path: Path) -> None:
+    spec = _probe(tmp_path)
+    held = launch.prepare(spec["module"], spec["args"], nproc=2, env=spec["env"],
+                          workdir=spec["workdir"])
+    outcome = launch.launch(spec["module"], ["2"], nproc=2, env=spec["env"],
+                            workdir=spec["workdir"], timeout_s=90, stall_s=30, prepared=held)
+    assert outcome.ok, outcome.summary + outcome.log_tail
+    assert "--hold" not in outcome.command
+    assert held.proc.poll() is not None  # the unused one is gone, not left waiting
+
+
+def test_a_prepared_launcher_closed_unused_leaves_nothing(tmp_path: Path) -> None:
+    spec = _probe(tmp_path)
+    held = launch.prepare(spec["module"], spec["args"], nproc=2, env=spec["env"],
+                          workdir=spec["workdir"])
+    pid = held.proc.pid
+    held.close()
+    held.close()  # safe twice
+    assert held.proc.poll() is not None
+    assert procs.with_env(ENV_WORKDIR, str(spec["workdir"])) == []
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_end_of_input_stops_a_held_launcher_without_ranks(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "checks.supervise.forkrun", "--nproc=2",
+                           "--hold", "env_rank", str(tmp_path)], env=ENV, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert list(tmp_path.iterdir()) == []

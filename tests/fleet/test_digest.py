@@ -96,6 +96,22 @@ def test_the_reference_is_deterministic_and_depends_on_its_definition() -> None:
     assert not torch.are_deterministic_algorithms_enabled()
 
 
+def test_deterministic_mode_is_on_during_the_computation_without_loading_inductor() -> None:
+    """ATen's switch, not torch.use_deterministic_algorithms, which imports all of inductor
+    (seconds of CPU); in a fresh process so that nothing else loaded inductor first."""
+    code = ("import sys, torch\n"
+            "from checks.hw.measure import reference\n"
+            "with reference._deterministic(torch):\n"
+            "    inside = torch.are_deterministic_algorithms_enabled()\n"
+            "reference.compute(torch.device('cpu'), {**reference.REFERENCE, 'n': 64, 'steps': 4})\n"
+            "print(inside, torch.are_deterministic_algorithms_enabled(),\n"
+            "      'torch._inductor' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False", "False"]
+
+
 def test_another_process_computes_the_same_bits() -> None:
     """The full reference, in this process and in a measurement child (isolate.py)."""
     torch = pytest.importorskip("torch")

@@ -73,3 +73,39 @@ def test_registered_ids_and_codes_are_unique_and_well_formed() -> None:
     for chk in checks.values():
         assert chk.id == chk.id.lower() and " " not in chk.id
         assert chk.doc, f"{chk.id} has no doc"
+
+
+def test_prepare_hooks_run_once_before_the_first_check_and_are_closed_after(ctx: Context,
+                                                                            ) -> None:
+    events: list[str] = []
+
+    def hook(_: Context):  # type: ignore[no-untyped-def]
+        events.append("prepare")
+        return lambda: events.append("close")
+
+    def broken_hook(_: Context):  # type: ignore[no-untyped-def]
+        events.append("broken")
+        raise OSError("cannot start")
+
+    def body(_: Context) -> Result:
+        events.append("check")
+        return passed("ok")
+
+    checks = [make("a", body, prepare=hook), make("b", body, prepare=hook),
+              make("c", body, prepare=broken_hook)]
+    outcomes = runner.run(checks, ctx)
+    # one call per hook function; a hook that raises changes nothing about its check
+    assert events == ["prepare", "broken", "check", "check", "check", "close"]
+    assert [o.status for o in outcomes] == [Status.PASS] * 3
+
+
+def test_what_a_hook_prepared_is_closed_when_a_check_raises_out_of_the_run(ctx: Context) -> None:
+    closed: list[bool] = []
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGINT arrives as an exception between checks
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.run([make("x", lambda _: passed("ok"),
+                         prepare=lambda _: lambda: closed.append(True))], ctx, interrupted)
+    assert closed == [True]

@@ -92,8 +92,19 @@ def test_a_broken_node_exits_1_and_dp_skips_rather_than_passes(broken_run: tuple
     assert not [i for i, c in checks.items() if c["status"] == "PASS"]
 
 
+def test_the_launch_was_prepared_at_the_start_of_the_run(broken_run: tuple) -> None:
+    """The acceptance launcher was started by the checks' prepare hook before the first check
+    (its imports overlap the run), and the one launch ran every job."""
+    _, checks = broken_run
+    launches = {json.dumps(c["results"][0]["details"]["launch"], sort_keys=True)
+                for i, c in checks.items() if i != "train-dp"}
+    assert len(launches) == 1, launches
+    launch = json.loads(launches.pop())
+    assert launch["prepared"] is True and launch["launches"] == 1, launch
+
+
 def test_fp32_tolerance_rejects_an_all_reduce_at_fp16_precision(broken_run: tuple) -> None:
-    """The deviation is the size of fp16 rounding (~3e-5 after 20 steps), far below anything a
+    """The deviation is the size of fp16 rounding (~3e-5 after 10-20 steps), far below anything a
     loose check would notice: the default fp32 tolerance must be what rejects it."""
     _, checks = broken_run
     (result,) = checks["train-ddp"]["results"]

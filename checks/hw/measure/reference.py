@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,19 @@ def reference_id(ref: dict[str, Any] = REFERENCE) -> str:
     return f"v{ref['version']} seed={ref['seed']} n={ref['n']} steps={ref['steps']} {ref['dtype']}"
 
 
+def set_deterministic(torch: Any, mode: bool) -> None:
+    """ATen's deterministic-algorithms switch. torch.use_deterministic_algorithms sets it and
+    inductor's own flag, and for that imports inductor, dynamo and sympy (torch 2.13: 3-8 s of
+    CPU on the 2-core host, more than the CPU reference itself); this computation runs eager and
+    never compiles, so ATen's switch is the one that applies. The public call where that
+    private one is gone, or where inductor is already loaded."""
+    aten = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if aten is None or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode)
+    else:
+        aten(mode)
+
+
 @contextlib.contextmanager
 def _deterministic(torch: Any) -> Iterator[None]:
     """Deterministic kernels, no TF32, for the computation only: the settings are process-wide,
@@ -41,14 +55,14 @@ def _deterministic(torch: Any) -> Iterator[None]:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    torch.use_deterministic_algorithms(True)
+    set_deterministic(torch, True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(saved[0])
+        set_deterministic(torch, saved[0])
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.benchmark) = saved[1:]
 

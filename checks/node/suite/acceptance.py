@@ -76,6 +76,7 @@ REMEDY_FEWER = ("check CUDA_VISIBLE_DEVICES, the container's --gpus and the sche
                 "request, and gpu-count for GPUs that fell off the bus")
 
 _cache: weakref.WeakKeyDictionary[Context, dict[str, Any]] = weakref.WeakKeyDictionary()
+_prepared: weakref.WeakKeyDictionary[Context, Any] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -133,20 +134,58 @@ def plan(ctx: Context) -> Plan:
     return Plan([j for j in wanted if j not in verdicts], nproc, shared, verdicts)
 
 
+def _config(ctx: Context, p: Plan) -> Any:
+    from trainer.config import TrainConfig
+
+    # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the compile
+    # job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
+    return TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count else "aot_eager",
+                       controls=test_controls(p.jobs))
+
+
+def _workdir(ctx: Context) -> Path | None:
+    return Path(ctx.options.workdir) / "acceptance" if ctx.options.workdir else None
+
+
+def prepare_launch(ctx: Context) -> Any:
+    """Prepare hook of every train-* check (registry.PrepareFn): at the start of the run, start
+    the acceptance launcher, so that its imports (torch, the jobs' modules: 5-8 s of one core)
+    overlap the checks before the stage instead of adding to it. Nothing when no launch will
+    happen (simulated hardware, an unusable torch, every job decided without one)."""
+    import sys, time
+    print("PREPARE start", time.time(), file=sys.stderr)
+    info = ctx.hw.torch()
+    if ctx.hw.simulated or info.version is None or info.error:
+        return None
+    p = plan(ctx)
+    print("PREPARE plan", p.jobs, time.time(), file=sys.stderr)
+    if not p.jobs:
+        return None
+    from trainer.launcher import prepare_jobs
+
+    with _lock:
+        if ctx in _cache or ctx in _prepared:
+            return None
+        held = prepare_jobs(p.jobs, _config(ctx, p), nproc=p.nproc, stall_s=STALL_S,
+                            workdir=_workdir(ctx))
+        _prepared[ctx] = held
+    return held.close
+
+
 def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
     """{job: JobReport} from one shared launch (run on the first call for this Context)."""
     with _lock:
         if ctx not in _cache:
-            from trainer.config import TrainConfig
             from trainer.launcher import run_jobs
 
-            workdir = Path(ctx.options.workdir) / "acceptance" if ctx.options.workdir else None
-            # On CPU hosts inductor's C++ build would cost ~20 s of the stage per launch; the
-            # compile job there runs dynamo + AOTAutograd + DDP's graph split without codegen.
-            cfg = TrainConfig(compile_backend="inductor" if ctx.hw.torch().device_count
-                              else "aot_eager", controls=test_controls(p.jobs))
+            cfg = _config(ctx, p)
             suite = run_jobs(p.jobs, cfg, nproc=p.nproc, timeout_s=LAUNCH_TIMEOUT_S,
-                             stall_s=STALL_S, workdir=workdir, share_gpu=p.shared)
+                             stall_s=STALL_S, workdir=_workdir(ctx), share_gpu=p.shared,
+                             prepared=_prepared.pop(ctx, None))
+            for report in suite.reports.values():
+                report.details["launch"] = {
+                    "launches": len(suite.launches), "duration_s": round(suite.duration_s, 3),
+                    "prepared": suite.prepared}
             if cfg.controls:
                 from trainer.config import CONTROL_JOB
 
@@ -251,7 +290,7 @@ def _register(job: str, code: str, title: str) -> None:
 
     run.__doc__ = f"`python -m trainer {job}`: {title}. See docs/trainer.md."
     check(f"train-{job}", code=code, title=title, level="standard", stage="acceptance",
-          timeout_s=LAUNCH_TIMEOUT_S + 120)(run)
+          timeout_s=LAUNCH_TIMEOUT_S + 120, prepare=prepare_launch)(run)
 
 
 _register("dp", "ACC001", "DataParallel over all GPUs equals one GPU")

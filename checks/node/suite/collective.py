@@ -142,7 +142,7 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
        title="collectives exact and fast: all-reduce sweep, all-gather, reduce-scatter, broadcast",
        level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600)
 def nccl_allreduce(ctx: Context) -> Result:
-    """One process per GPU under torchrun (NCCL), or N CPU processes with gloo: exact integer
+    """One process per GPU (NCCL), or N CPU processes with gloo: exact integer
     patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and
     the float8 all-gather (SKIP with the reason below compute capability 8.9), reduce-scatter and
     all-gather again at FSDP size (collective.sweep fsdp_elems), then an nccl-tests sweep. FAIL on
