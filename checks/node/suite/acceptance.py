@@ -152,13 +152,10 @@ def prepare_launch(ctx: Context) -> Any:
     the acceptance launcher, so that its imports (torch, the jobs' modules: 5-8 s of one core)
     overlap the checks before the stage instead of adding to it. Nothing when no launch will
     happen (simulated hardware, an unusable torch, every job decided without one)."""
-    import sys, time
-    print("PREPARE start", time.time(), file=sys.stderr)
     info = ctx.hw.torch()
     if ctx.hw.simulated or info.version is None or info.error:
         return None
     p = plan(ctx)
-    print("PREPARE plan", p.jobs, time.time(), file=sys.stderr)
     if not p.jobs:
         return None
     from trainer.launcher import prepare_jobs
