@@ -162,7 +162,7 @@ def prepare_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int, stall_s: floa
     try:
         held = prepare("trainer", _launch_args(order, cfg, stall_s, pg_timeout_s), nproc=nproc,
                        env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
-                       preload=modules(order))
+                       preload=modules(order, cfg.compile_backend))
     except BaseException:
         if own:
             shutil.rmtree(base, ignore_errors=True)
@@ -244,7 +244,8 @@ def _launch_all(order: list[str], cfg: TrainConfig, base: Path, reports: dict[st
                          env={**flight_recorder_env(wd), **(env or {})}, workdir=wd,
                          nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                          node_rank=node_rank, local_addr=local_addr, on_hang=request_dumps,
-                         preload=modules(remaining), prepared=prepared if not launches else None)
+                         preload=modules(remaining, cfg.compile_backend),
+                         prepared=prepared if not launches else None)
         launches.append(outcome)
         reports.update(_collect(wd, remaining))
         remaining = [j for j in remaining if j not in reports]

@@ -23,17 +23,20 @@ ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
 # What a job imports only when it runs, too heavy to import again in every rank.
 # Measured with torch 2.13: the compile job imports about 600 modules on its first compile.
 _LAZY = {"compile": ("torch._dynamo", "torch._dynamo.backends.debugging",
-                     "torch._dynamo.backends.distributed", "torch._functorch.aot_autograd",
-                     "torch._inductor.compile_fx"),
+                     "torch._dynamo.backends.distributed", "torch._functorch.aot_autograd"),
          "ckpt": ("torch.distributed.checkpoint._fsspec_filesystem",)}
+# inductor's compiler (~1 s more of imports), only where the compile job uses it
+INDUCTOR = "torch._inductor.compile_fx"
 
 
-def modules(names: list[str]) -> list[str]:
+def modules(names: list[str], compile_backend: str = "inductor") -> list[str]:
     """The modules the ranks of a launch running `names` import: what the single-host launcher
     (checks.supervise.forkrun) imports once before it forks them."""
     out = ["trainer.trainer_cli", "trainer.worker"]
     for name in names:
         out += [f"{__name__}.{name}", *_LAZY.get(name, ())]
+    if "compile" in names and compile_backend == "inductor":
+        out.append(INDUCTOR)
     return out
 
 
