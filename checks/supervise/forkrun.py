@@ -35,6 +35,7 @@ import runpy
 import signal
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -136,8 +137,6 @@ def _wait_all(pids: dict[int, int]) -> dict[int, int]:
     for sig in _STOP_SIGNALS:
         signal.signal(sig, on_signal)
     deadline: float | None = None
-    import time
-
     while live:
         if deadline is not None and time.monotonic() >= deadline:
             _stop(set(live), signal.SIGKILL)
