@@ -45,7 +45,7 @@ class PreparedSuite:
     launch: Prepared
 
     def close(self) -> None:
-        """End it unused (safe to call after use too)."""
+        """End it unused: its launcher, and the base directory when it made it."""
         self.launch.close()
         if self.own:
             shutil.rmtree(self.base, ignore_errors=True)
@@ -61,7 +61,7 @@ class SuiteOutcome:
     @property
     def prepared(self) -> bool:
         """The first launch used a launcher prepared ahead (prepare_jobs)."""
-        return bool(self.launches) and "--hold" in self.launches[0].command
+        return bool(self.launches) and self.launches[0].prepared
 
 
 def cuda_count() -> int:

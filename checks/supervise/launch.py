@@ -93,6 +93,7 @@ class LaunchOutcome:
     hung: bool = False
     leftover_pids: list[int] = field(default_factory=list)  # could not be killed
     orphans_killed: list[int] = field(default_factory=list)  # outlived the launch, killed
+    prepared: bool = False  # its launcher was started ahead (prepare())
 
     @property
     def results(self) -> dict[int, dict[str, Any]]:
@@ -352,7 +353,7 @@ def launch(module: str, args: list[str], *, nproc: int, timeout_s: float,
                             returncode=proc.returncode, command=cmd,
                             log_tail="\n".join(log_text.splitlines()[-40:]),
                             workdir=str(workdir), hung=hung, leftover_pids=leftovers,
-                            orphans_killed=orphans)
+                            orphans_killed=orphans, prepared=ready)
     _judge(outcome, reason, world_size or nproc * nnodes)
     return outcome
 

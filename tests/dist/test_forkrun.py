@@ -80,6 +80,7 @@ def test_a_prepared_launcher_forks_its_ranks_when_the_launch_comes(tmp_path: Pat
                             workdir=spec["workdir"], timeout_s=90, stall_s=30, prepared=held)
     assert outcome.ok, outcome.summary + outcome.log_tail
     assert "--hold" in outcome.command and outcome.returncode == 0
+    assert outcome.prepared is True
     assert {r: res["sum"] for r, res in outcome.results.items()} == {0: 3.0, 1: 3.0}
     assert outcome.leftover_pids == [] and held.proc.poll() is not None
 
@@ -92,6 +93,7 @@ def test_another_launch_closes_the_prepared_launcher_and_starts_afresh(tmp_path:
                             workdir=spec["workdir"], timeout_s=90, stall_s=30, prepared=held)
     assert outcome.ok, outcome.summary + outcome.log_tail
     assert "--hold" not in outcome.command
+    assert outcome.prepared is False
     assert held.proc.poll() is not None  # the unused one is gone, not left waiting
 
 

@@ -163,10 +163,17 @@ def prepare_launch(ctx: Context) -> Any:
     with _lock:
         if ctx in _cache or ctx in _prepared:
             return None
-        held = prepare_jobs(p.jobs, _config(ctx, p), nproc=p.nproc, stall_s=STALL_S,
-                            workdir=_workdir(ctx))
-        _prepared[ctx] = held
-    return held.close
+        _prepared[ctx] = prepare_jobs(p.jobs, _config(ctx, p), nproc=p.nproc, stall_s=STALL_S,
+                                      workdir=_workdir(ctx))
+
+    def discard() -> None:
+        """The end of the run: close it if the stage never took it (a used one is the
+        launch's: its workdir may hold flight-recorder dumps a FAIL names)."""
+        unused = _prepared.pop(ctx, None)
+        if unused is not None:
+            unused.close()
+
+    return discard
 
 
 def _run_suite(ctx: Context, p: Plan) -> dict[str, Any]:
