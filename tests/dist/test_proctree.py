@@ -91,6 +91,13 @@ def runs() -> Iterator[list[Run]]:
         run.cleanup()
 
 
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []  # gone meanwhile
+
+
 def listening(pids: list[int]) -> list[str]:
     """Local addresses the processes `pids` listen on (TCP, from /proc/net/tcp{,6})."""
     inodes = set()
@@ -133,6 +140,27 @@ def test_checks_run_leaves_no_process_on_a_signal(runs: list[Run], tmp_path: Pat
     assert code == 128 + sig, run.output()
     assert f"stopped by {sig.name}" in run.output()
     assert run.left_in_tmp() == []  # the collective's workdir went too
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_held_acceptance_launcher_goes_with_the_run(runs: list[Run], tmp_path: Path,
+                                                      sig: signal.Signals) -> None:
+    """The acceptance launcher the prepare hook started at the beginning of the run waits for
+    its stage while the collective ranks hang: a signal to the run ends it too."""
+    run = Run([*CHECKS[:2], "nccl-allreduce,train-ddp", *CHECKS[3:]], tmp_path)
+    runs.append(run)
+    run.wait_for_ranks(2)
+    held = [pid for pid in run.processes() if "--hold" in cmdline(pid)]
+    assert held, "the acceptance launcher should be waiting for its stage"
+    os.kill(run.proc.pid, sig)
+    code = run.proc.wait()
+    run.wait_until_gone()
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        return
+    assert code == 128 + sig, run.output()
+    assert run.left_in_tmp() == []  # the held launch's temporary directory went too
 
 
 @pytest.mark.timeout(240)
