@@ -304,3 +304,18 @@ def test_bands_keep_their_calibrated_width_at_the_large_size() -> None:
     large = TrainConfig(size="large").sized(True)
     assert large.hidden == 8192 and common.band_hidden(large) == common.BAND_HIDDEN == 64
     assert common.band_hidden(TrainConfig(hidden=32).sized(False)) == 32
+
+
+@pytest.mark.parametrize(("layers", "batch"), [(1, 1), (2, 2)])
+def test_the_memory_estimate_matches_the_jobs_traced_training_step(layers: int, batch: int) -> None:
+    """The formula that sizes `large` (20 bytes per parameter, 34 x width bytes per token and
+    layer, the logits) against the throughput job's own model, AdamW and bf16 autocast traced on
+    fake tensors at the large width and context: within 10 % (the profiles' shapes: 1-3 % over,
+    benchmarks/large_memory.py). A change to the model or the training step that the estimate
+    does not follow fails here."""
+    from trainer import sizes
+
+    shape = sizes.GptShape(sizes.LARGE_VOCAB, sizes.LARGE_CONTEXT, sizes.LARGE_WIDTH, layers,
+                           sizes.LARGE_HEADS, batch)
+    traced = sizes.traced_memory_bytes(shape)
+    assert 0.9 * traced <= shape.memory_bytes() <= 1.1 * traced, (traced, shape.memory_bytes())
