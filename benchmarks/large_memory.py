@@ -1,5 +1,6 @@
 """What `--size large` takes in memory, per profile: the estimate that sizes it against the
-throughput job's own training step traced on fake tensors (trainer.sizes.traced_memory_bytes).
+throughput job's own training step traced on fake tensors
+(trainer.jobs.throughput.traced_memory_bytes).
 
 No GPU is needed: the trace runs the job's model, AdamW and bf16 autocast on tensors without
 storage, so the 2.6 B-parameter shapes of the 141-268 GiB profiles trace on a laptop (about a
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     from checks import profiles
     from trainer import sizes
+    from trainer.jobs import throughput
 
     by_shape: dict[sizes.GptShape, list[tuple[str, float]]] = {}
     for name in profiles.available():
@@ -33,7 +35,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for shape, named in sorted(by_shape.items(), key=lambda item: (item[0].layers, item[0].batch)):
         start = time.monotonic()
-        traced = sizes.traced_memory_bytes(shape)
+        traced = throughput.traced_memory_bytes(shape)
         seconds = time.monotonic() - start
         smallest = min(memory for _, memory in named)
         print(f"| {shape.layers} × 2048, {shape.batch} | {', '.join(n for n, _ in named)} | "

@@ -11,9 +11,10 @@ real training's message sizes.
 - `throughput` trains a GPT block stack of width 2048 whose layer count fills about half of the GPU
   memory: 1 B+ parameters and GBs of gradients per step on 80 GB GPUs.
 Memory and time below are estimates from parameter counts, FLOPs and the profile's bf16 peak.
-`traced_memory_bytes` checks the memory estimate against the job's own model: it runs the
-throughput job's training steps on fake tensors (no storage) under torch's memory tracker, which
-a CPU host can do at any size (benchmarks/large_memory.py prints it for every profile's shape).
+trainer.jobs.throughput.traced_memory_bytes checks the memory estimate against the job's own
+model: it runs the throughput job's training steps on fake tensors (no storage) under torch's
+memory tracker, which a CPU host can do at any size (benchmarks/large_memory.py prints it for
+every profile's shape).
 """
 
 from __future__ import annotations
@@ -113,45 +114,6 @@ def estimate(memory_gib: float, bf16_tflops: float | None, gpus: int, steps: int
             "gradient_bytes": 4 * shape.params(), "memory_bytes": shape.memory_bytes(),
             "step_s": step_s, "job_s": step_s * steps * runs if step_s else None,
             "mlp_gradient_bytes": mlp_gradient_bytes(MLP_LARGE_HIDDEN)}
-
-
-def traced_memory_bytes(shape: GptShape, steps: int = 2) -> int:
-    """Peak bytes of the throughput job's training step at `shape`, traced rather than estimated:
-    the job's Gpt, AdamW and bf16 autocast run `steps` steps on fake tensors (shapes and dtypes
-    only) under torch's MemTracker, whose peak counts parameters, optimizer states, gradients,
-    activations and temporaries as they are allocated and freed. DDP's gradient buckets (one fp32
-    copy of every gradient, allocated once at construction) are added: its reducer cannot run on
-    fake tensors. Not in it: the CUDA context, NCCL's buffers, the caching allocator's
-    rounding. CPU autocast stands in for CUDA's (both cast per op and keep the weights' casts for
-    the forward); scaled_dot_product_attention's CPU kernel keeps, like flash attention, the
-    output and its log-sum-exp, not the scores."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from trainer.jobs.throughput import Gpt, GptSize
-
-    size = GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
-                   layers=shape.layers, heads=shape.heads, batch=shape.batch, warmup=0,
-                   steps=steps)
-    with FakeTensorMode():
-        model = Gpt(size)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        data = torch.randint(size.vocab, (size.batch, size.context + 1))
-        tracker = MemTracker()
-        tracker.track_external(model, opt)
-        with tracker:
-            for _ in range(steps):  # the second step has AdamW's states: the peak
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = model(data[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                                         data[:, 1:].flatten())
-                loss.backward()
-                opt.step()
-                tracker.reset_mod_stats()
-        peak = sum(by_kind["Total"] for by_kind in tracker.get_tracker_snapshot("peak").values())
-    return int(peak) + 4 * shape.params()
 
 
 def profile_table() -> str:

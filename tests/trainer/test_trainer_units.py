@@ -314,8 +314,9 @@ def test_the_memory_estimate_matches_the_jobs_traced_training_step(layers: int, 
     benchmarks/large_memory.py). A change to the model or the training step that the estimate
     does not follow fails here."""
     from trainer import sizes
+    from trainer.jobs import throughput
 
     shape = sizes.GptShape(sizes.LARGE_VOCAB, sizes.LARGE_CONTEXT, sizes.LARGE_WIDTH, layers,
                            sizes.LARGE_HEADS, batch)
-    traced = sizes.traced_memory_bytes(shape)
+    traced = throughput.traced_memory_bytes(shape)
     assert 0.9 * traced <= shape.memory_bytes() <= 1.1 * traced, (traced, shape.memory_bytes())

@@ -24,7 +24,7 @@ import math
 import resource
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from torch import nn
 from trainer.config import TrainConfig
 from trainer.distenv import DistEnv
 from trainer.report import ERROR, FAIL, JobReport
+
+if TYPE_CHECKING:
+    from trainer.sizes import GptShape
 
 NAME = "throughput"
 # Relative fall of the first batch's loss required after training. Measured on the CPU size
@@ -186,6 +189,42 @@ def size_for(env: DistEnv, cfg: TrainConfig) -> GptSize:
     return GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
                    layers=shape.layers, heads=shape.heads, batch=shape.batch,
                    warmup=LARGE_WARMUP, steps=LARGE_STEPS)
+
+
+def traced_memory_bytes(shape: GptShape, steps: int = 2) -> int:
+    """Peak bytes of the throughput job's training step at `shape`, traced rather than estimated:
+    the job's Gpt, AdamW and bf16 autocast run `steps` steps on fake tensors (shapes and dtypes
+    only) under torch's MemTracker, whose peak counts parameters, optimizer states, gradients,
+    activations and temporaries as they are allocated and freed. DDP's gradient buckets (one fp32
+    copy of every gradient, allocated once at construction) are added: its reducer cannot run on
+    fake tensors. Not in it: the CUDA context, NCCL's buffers, the caching allocator's
+    rounding. CPU autocast stands in for CUDA's (both cast per op and keep the weights' casts for
+    the forward); scaled_dot_product_attention's CPU kernel keeps, like flash attention, the
+    output and its log-sum-exp, not the scores."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    size = GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
+                   layers=shape.layers, heads=shape.heads, batch=shape.batch, warmup=0,
+                   steps=steps)
+    with FakeTensorMode():
+        model = Gpt(size)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.randint(size.vocab, (size.batch, size.context + 1))
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        with tracker:
+            for _ in range(steps):  # the second step has AdamW's states: the peak
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = model(data[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                         data[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                tracker.reset_mod_stats()
+        peak = sum(by_kind["Total"] for by_kind in tracker.get_tracker_snapshot("peak").values())
+    return int(peak) + 4 * shape.params()
 
 
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
