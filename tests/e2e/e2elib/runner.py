@@ -22,6 +22,13 @@ CHROOT_WRAPPER = """#!/bin/sh
 exec unshare --mount --pid --fork --mount-proc="$1/proc" chroot "$@"
 """
 
+# The line ansible.posix.profile_tasks prints under every task banner: taken out of what the tests
+# read, whose patterns expect a task's result right under its banner.
+PROFILE_STAMP = re.compile(
+    r"^\w+ \d{2} \w+ \d{4} +\d{2}:\d{2}:\d{2} [+-]\d{4} \(\d+:\d{2}:\d{2}\.\d+\) +"
+    r"\d+:\d{2}:\d{2}\.\d+ \*+ *\n",
+    re.M,
+)
 RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
     r"\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)\s+ignored=(?P<ignored>\d+)",
@@ -120,7 +127,10 @@ def run_playbook(
         "ANSIBLE_REMOTE_TMP": "/root/.ansible/tmp",
         "ANSIBLE_COLLECTIONS_PATH": str(home / "collections"),
     }
-    if os.environ.get("NODECERT_E2E_PROFILE"):  # per-task timings, to see where a run spends time
+    # Per-task timings, to see where a run spends time: NODECERT_E2E_PROFILE=1 puts them in the
+    # output, =FILE also appends each run's slowest tasks to FILE (a whole pytest run's worth).
+    profile = os.environ.get("NODECERT_E2E_PROFILE", "")
+    if profile:
         env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.profile_tasks"
     command = [
         str(VENV_BIN / "ansible-playbook"),
@@ -140,6 +150,14 @@ def run_playbook(
         timeout=timeout,
     )
     seconds = time.monotonic() - start
+    if profile:
+        proc.stdout = PROFILE_STAMP.sub("", proc.stdout)
+        if profile != "1":
+            recap_part = proc.stdout[proc.stdout.rfind("TASKS RECAP"):]
+            summary = re.findall(r"^.+ -{2,} \d+\.\d+s$", recap_part, re.M)[:20]
+            with open(profile, "a", encoding="utf-8") as log:
+                log.write(f"== {playbook} {inventory.name} {' '.join(args)}: {seconds:.0f} s\n")
+                log.write("\n".join(summary) + "\n")
     recap = {
         m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
         for m in RECAP.finditer(proc.stdout)
