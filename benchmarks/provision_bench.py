@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import shutil
 import sys
@@ -40,9 +39,9 @@ CACHE = REPO / ".cache" / "e2e"
 
 def slowest_tasks(output: str, count: int = 8) -> list[str]:
     """The slowest tasks of a run, from the profile_tasks summary (NODECERT_E2E_PROFILE=1)."""
-    timed = re.findall(r"^(.+?) -{2,} (\d+\.\d+)s$", output, re.M)
-    slowest = sorted(timed, key=lambda t: -float(t[1]))[:count]
-    return [f"{float(seconds):6.2f}s  {name.strip()}" for name, seconds in slowest]
+    timed = [(m["task"], float(m["seconds"])) for m in runner.PROFILE_TASK.finditer(output)]
+    slowest = sorted(timed, key=lambda t: -t[1])[:count]
+    return [f"{seconds:6.2f}s  {name.strip()}" for name, seconds in slowest]
 
 
 def children_cpu_seconds() -> float:

@@ -64,12 +64,12 @@ def test_value_decides_before_cost() -> None:
 
 
 def test_a_shared_launch_is_paid_once() -> None:
-    launch = 20  # budget.yaml's shared acceptance cost on a host without GPUs
+    launch = budget.table()[budget.SHARED + "acceptance"].cost.on(0)
     plan = budget.make(["train-ddp", "train-pipeline", "train-syncbn"], launch + 5, gpus=0,
                        duration_s=600)
     assert [c.cost_s for c in plan.chosen] == [launch + 1, 1, 1]
     alone = budget.make(["train-pipeline"], launch - 5, gpus=0, duration_s=600)
-    assert alone.left_out[0]["reason"].startswith(f"needs ~{launch + 1} s")
+    assert alone.left_out[0]["reason"].startswith(f"needs ~{launch + 1:.0f} s")
 
 
 def test_a_smaller_size_is_chosen_when_the_full_one_does_not_fit() -> None:

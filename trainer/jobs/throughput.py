@@ -134,13 +134,7 @@ def measure(env: DistEnv, s: GptSize, ranks: int, group: Any, cfg: TrainConfig,
             if cfg.beats_at(step):
                 env.beat(f"{NAME}/{ranks}-ranks-step-{step}")
             batch = data[step * s.batch:(step + 1) * s.batch]
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.is_cuda):
-                logits = model(batch[:, :-1])
-            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
+            losses.append(train_step(model, opt, batch, env.device.type, env.is_cuda))
         env.sync()
         elapsed = time.perf_counter() - start
         loss_after = _loss(gpt, probe, env)
@@ -159,12 +153,29 @@ def measure(env: DistEnv, s: GptSize, ranks: int, group: Any, cfg: TrainConfig,
     return result
 
 
+def next_token_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each position's logits against the next token, in fp32."""
+    return nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor,
+               device_type: str, bf16: bool) -> torch.Tensor:
+    """One training step of the job (bf16 autocast when `bf16`); the loss, detached."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(batch[:, :-1])
+    loss = next_token_loss(logits, batch)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 def _loss(model: Gpt, batch: torch.Tensor, env: DistEnv) -> float:
     """The model's loss on one batch, no gradient (the learning probe)."""
     with torch.no_grad(), torch.autocast(env.device.type, dtype=torch.bfloat16,
                                          enabled=env.is_cuda):
         logits = model(batch[:, :-1])
-    return float(nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()))
+    return float(next_token_loss(logits, batch))
 
 
 def learned(before: float, after: float, min_drop: float = LEARN_MIN_DROP) -> bool:
@@ -193,14 +204,14 @@ def size_for(env: DistEnv, cfg: TrainConfig) -> GptSize:
 
 def traced_memory_bytes(shape: GptShape, steps: int = 2) -> int:
     """Peak bytes of the throughput job's training step at `shape`, traced rather than estimated:
-    the job's Gpt, AdamW and bf16 autocast run `steps` steps on fake tensors (shapes and dtypes
-    only) under torch's MemTracker, whose peak counts parameters, optimizer states, gradients,
-    activations and temporaries as they are allocated and freed. DDP's gradient buckets (one fp32
-    copy of every gradient, allocated once at construction) are added: its reducer cannot run on
-    fake tensors. Not in it: the CUDA context, NCCL's buffers, the caching allocator's
-    rounding. CPU autocast stands in for CUDA's (both cast per op and keep the weights' casts for
-    the forward); scaled_dot_product_attention's CPU kernel keeps, like flash attention, the
-    output and its log-sum-exp, not the scores."""
+    the job's Gpt, AdamW and its train_step under bf16 autocast run `steps` steps on fake tensors
+    (shapes and dtypes only) under torch's MemTracker, whose peak counts parameters, optimizer
+    states, gradients, activations and temporaries as they are allocated and freed. DDP's
+    gradient buckets (one fp32 copy of every gradient, allocated once at construction) are added:
+    its reducer cannot run on fake tensors. Not in it: the CUDA context, NCCL's buffers, the
+    caching allocator's rounding. CPU autocast stands in for CUDA's (both cast per op and keep the
+    weights' casts for the forward); scaled_dot_product_attention's CPU kernel keeps, like flash
+    attention, the output and its log-sum-exp, not the scores."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -215,13 +226,7 @@ def traced_memory_bytes(shape: GptShape, steps: int = 2) -> int:
         tracker.track_external(model, opt)
         with tracker:
             for _ in range(steps):  # the second step has AdamW's states: the peak
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = model(data[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                                         data[:, 1:].flatten())
-                loss.backward()
-                opt.step()
+                train_step(model, opt, data, "cpu", bf16=True)
                 tracker.reset_mod_stats()
         peak = sum(by_kind["Total"] for by_kind in tracker.get_tracker_snapshot("peak").values())
     return int(peak) + 4 * shape.params()

@@ -29,6 +29,8 @@ PROFILE_STAMP = re.compile(
     r"\d+:\d{2}:\d{2}\.\d+ \*+ *\n",
     re.M,
 )
+# A line of profile_tasks' closing summary: "role : task name ------- 1.23s", slowest first.
+PROFILE_TASK = re.compile(r"^(?P<task>.+?) -{2,} (?P<seconds>\d+\.\d+)s$", re.M)
 RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
     r"\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)\s+ignored=(?P<ignored>\d+)",
@@ -153,8 +155,7 @@ def run_playbook(
     if profile:
         proc.stdout = PROFILE_STAMP.sub("", proc.stdout)
         if profile != "1":
-            recap_part = proc.stdout[proc.stdout.rfind("TASKS RECAP"):]
-            summary = re.findall(r"^.+ -{2,} \d+\.\d+s$", recap_part, re.M)[:20]
+            summary = [m[0] for m in PROFILE_TASK.finditer(proc.stdout)][:20]
             with open(profile, "a", encoding="utf-8") as log:
                 log.write(f"== {playbook} {inventory.name} {' '.join(args)}: {seconds:.0f} s\n")
                 log.write("\n".join(summary) + "\n")
