@@ -116,7 +116,7 @@ def prepare(checks: list[Check], ctx: Context) -> Callable[[], None]:
         seen.add(chk.prepare)
         try:
             closer = chk.prepare(ctx)
-        except Exception:  # noqa: BLE001 - an optimisation only; the check reports the problem
+        except Exception:  # an optimisation only; the check reports the problem
             continue
         if closer is not None:
             closers.append(closer)

@@ -28,6 +28,7 @@ otherwise (one line, exit 1), and the store's server starts only after the last 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -103,24 +104,20 @@ def _rank(rank: int, nproc: int, port: int, run_id: str, parent: int, listener: 
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:  # noqa: BLE001 - the rank's own crash, reported as torchrun would
+        except BaseException:  # the rank's own crash, reported as torchrun would
             traceback.print_exc()
             code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
 
 
 def _stop(pids: set[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _wait_all(pids: dict[int, int]) -> dict[int, int]:
