@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-class Status(enum.StrEnum):
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 (Ubuntu 22.04's python3): StrEnum's str() and format() by hand
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
+
+
+class Status(StrEnum):
     PASS = "PASS"
     WARN = "WARN"
     FAIL = "FAIL"

@@ -6,7 +6,10 @@ tests/framework/test_installed_wheel.py runs the wheel as the pytorch role build
 from __future__ import annotations
 
 from importlib.resources import files
-from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.resources.abc is 3.11+; the annotation is all that needs it
+    from importlib.resources.abc import Traversable
 
 
 def data(*parts: str) -> Traversable:

@@ -26,7 +26,7 @@ GENERATIONS = ("4.x (before 4.19)", "4.19-5.x", "6.0-6.7", "6.8+", "7.x", "any")
 
 
 def corpus() -> dict[str, Any]:
-    text = resources.files("checks").joinpath("kernlog", "corpus.yaml").read_text(encoding="utf-8")
+    text = (resources.files("checks") / "kernlog" / "corpus.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise ValueError("checks/kernlog/corpus.yaml: needs a list under 'entries'")

@@ -57,7 +57,7 @@ class SxidPolicy:
 
 
 def _load(name: str) -> dict[str, Any]:
-    text = resources.files("checks").joinpath("kernlog", name).read_text(encoding="utf-8")
+    text = (resources.files("checks") / "kernlog" / name).read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise ValueError(f"checks/kernlog/{name}: not a mapping")
