@@ -8,7 +8,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:  # Python 3.10 (Ubuntu 22.04's python3): StrEnum's str() and format() by hand

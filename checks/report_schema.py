@@ -25,7 +25,7 @@ def build(outcomes: list[CheckOutcome], *, meta: dict[str, Any]) -> dict[str, An
         "tool": {"name": "nodecert", "version": __version__},
         "host": meta.get("host") or socket.gethostname(),
         "run_id": meta.get("run_id"),
-        "started_at": meta.get("started_at") or dt.datetime.now(dt.UTC).isoformat(),
+        "started_at": meta.get("started_at") or dt.datetime.now(dt.timezone.utc).isoformat(),
         "duration_s": round(float(meta.get("duration_s", 0.0)), 3),
         "level": meta.get("level"),
         "backend": meta.get("backend"),

@@ -142,7 +142,7 @@ def _compact(stamp: str) -> str:
     except (TypeError, ValueError):
         return "".join(c for c in str(stamp) if c.isalnum())[:20] or "run"
     if when.tzinfo is not None:
-        when = when.astimezone(dt.UTC)
+        when = when.astimezone(dt.timezone.utc)
     return when.strftime("%Y%m%dT%H%M%SZ")
 
 
@@ -294,7 +294,7 @@ class History:
             self.db.execute("INSERT INTO runs (run_id, recorded_at, fingerprint) VALUES (?, ?, ?) "
                             "ON CONFLICT(run_id) DO UPDATE SET recorded_at = excluded.recorded_at, "
                             "fingerprint = excluded.fingerprint",
-                            (run_id, dt.datetime.now(dt.UTC).isoformat(),
+                            (run_id, dt.datetime.now(dt.timezone.utc).isoformat(),
                              fingerprint(reports_of or fleet, fleet.run_id or fleet.generated_at)))
             self.db.executemany("INSERT INTO gpus VALUES (?, ?, ?, ?, ?)", rows["gpus"])
             self.db.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows["results"])

@@ -292,7 +292,7 @@ def node(args: argparse.Namespace) -> int:
     _validate(args)
     on_gpu, gpus = _platform()
     nproc = _ranks_per_node(args, on_gpu, gpus)
-    started = dt.datetime.now(dt.UTC).isoformat()
+    started = dt.datetime.now(dt.timezone.utc).isoformat()
     t0 = time.monotonic()
     outcomes = [_run_stage(stage, args, on_gpu, nproc) for stage in args.stages]
     doc = report.build(outcomes, meta={

@@ -327,7 +327,7 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
             err.print(plan.summary(), highlight=False, markup=False, soft_wrap=True)
     ctx = Context(hw, profile, options)
     ctx.selected = {chk.id for chk in selected}
-    started_at = dt.datetime.now(dt.UTC).isoformat()
+    started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     t0 = time.monotonic()
     outcomes = _run_checks(selected, ctx, args, err)
     meta = {

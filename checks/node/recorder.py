@@ -85,7 +85,7 @@ def record(hw: Backend, *, host: str, redact: bool = False, timeout_s: float = C
                 for gid in port.get("gids", []):
                     gid["gid"] = "redacted"  # a GID carries the port's MAC or IP address
         scenario = Redactor(scenario, host).apply(scenario)
-    when = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     shown = REDACTED_HOST if redact else host
     scenario["description"] = (f"Recording of {shown} made {when} by nodecert {__version__} "
                                f"(python -m checks record{' --redact' if redact else ''})")

@@ -86,7 +86,7 @@ class Fleet:
     drift: list[Drift] = field(default_factory=list)  # every figure judged against its own history
     digests: digests_.Analysis | None = None  # reference digests grouped by stack
     history_run: str | None = None  # the key this run is recorded under in the history
-    generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
+    generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat())
 
     @property
     def summary(self) -> dict[str, int]:
@@ -227,7 +227,7 @@ def finished_at(report: dict[str, Any]) -> float | None:
     except (KeyError, TypeError, ValueError):
         return None
     if started.tzinfo is None:
-        started = started.replace(tzinfo=dt.UTC)
+        started = started.replace(tzinfo=dt.timezone.utc)
     return started.timestamp() + float(report.get("duration_s") or 0.0)
 
 

@@ -9,8 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 LOCAL_WHEELS = Path("/opt/wheels")
 
