@@ -114,6 +114,9 @@ def test_the_role_built_and_installed_the_wheel(node):
     lock = node.path("/opt/nodecert/requirements.lock").read_text()
     assert f"nodecert @ file:///opt/nodecert/dist/{wheel.name}" in lock, lock
     assert re.search(r"^torch==2\.13\.0", lock, re.M), lock
+    # The CUDA build from the role's release table (a GPU-less root, the driver role's branch 580).
+    assert "torch 2.13.0 (CUDA 13.0 build) for Python 3.11" in out, out
+
 
 
 def test_the_installed_package_is_the_nodes(node):
