@@ -7,6 +7,7 @@ Two implementations: `linux.LinuxBackend` (sysfs, /proc, NVML, the kernel log, t
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +219,24 @@ class Nvml(abc.ABC):
     def gpu(self, index: int) -> GpuHandle: ...
 
 
+# slurmstepd places a job's processes in a cgroup named job_<id>: under cgroup v2 (cgroup/v2
+# plugin) /system.slice/slurmstepd.scope/job_<id>/step_<step>/..., under v1 (cgroup/v1)
+# /slurm/uid_<uid>/job_<id>/step_<step> or /slurm_<nodename>/uid_<uid>/job_<id>/... when several
+# slurmd share a host (Slurm's cgroup.conf and cgroup_v2 documentation, slurm.schedmd.com).
+SLURM_JOB_CGROUP = re.compile(r"(?:/slurmstepd\.scope|/slurm(?:_[^/]+)?/uid_\d+)/job_(\d+)(?:/|$)")
+
+
+def slurm_job_of_cgroup(text: str) -> str | None:
+    """The Slurm job id in the text of /proc/PID/cgroup ("hierarchy:controllers:path" lines),
+    or None when no line names a Slurm job cgroup."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1].strip()
+        match = SLURM_JOB_CGROUP.search(path)
+        if match:
+            return match.group(1)
+    return None
+
+
 class Backend(abc.ABC):
     """Everything checks read from the machine."""
 
@@ -350,6 +369,11 @@ class Backend(abc.ABC):
         """PIDs of this tool's own processes, which may hold a CUDA context of their own (NVML
         lists them among a GPU's compute processes); empty where there are none."""
         return set()
+
+    def process_slurm_job(self, pid: int) -> str | None:
+        """The Slurm job whose cgroup holds process PID (read from /proc/PID/cgroup, see
+        slurm_job_of_cgroup); None when PID is in no job's cgroup, has ended, or cannot be read."""
+        return None
 
     # --- Storage and swap (checks/node/suite/storage.py) --------------------------------------
     def python_paths(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from checks.hw.base import (
     SwapArea,
     ToolRun,
     TorchInfo,
+    slurm_job_of_cgroup,
 )
 from checks.hw.scenario_file import (  # noqa: F401 (the format's names, used with the backend)
     NVML_KINDS,
@@ -247,6 +248,12 @@ class FixtureBackend(Backend):
 
     def container(self) -> str | None:
         return self._host.get("container")
+
+    def process_slurm_job(self, pid: int) -> str | None:
+        # host.process_cgroups: {pid: the text of /proc/PID/cgroup}
+        cgroups = self._host.get("process_cgroups") or {}
+        text = cgroups.get(int(pid), cgroups.get(str(pid)))
+        return None if text is None else slurm_job_of_cgroup(str(text))
 
     def gpu_device_nodes(self) -> set[int] | None:
         nodes = self._host.get("device_nodes")

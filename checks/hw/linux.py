@@ -28,6 +28,7 @@ from checks.hw.base import (
     SwapArea,
     ToolRun,
     TorchInfo,
+    slurm_job_of_cgroup,
 )
 from checks.hw.torchview import read_torch, read_torch_build
 
@@ -293,6 +294,10 @@ class LinuxBackend(Backend):
 
     def own_pids(self) -> set[int]:
         return {os.getpid()}
+
+    def process_slurm_job(self, pid: int) -> str | None:
+        text = _read(Path(f"/proc/{int(pid)}/cgroup"))
+        return None if text is None else slurm_job_of_cgroup(text)
 
     # --- Storage, swap, BMC, DCGM ----------------------------------------------------------------
     def python_paths(self) -> dict[str, str]:

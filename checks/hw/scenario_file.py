@@ -35,7 +35,9 @@ HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "sh
              # free_bytes}}; swaps [{name, type, size_bytes, used_bytes}] or /proc/swaps text;
              # BMC: ipmitool {device, sdr, sel_elist}; DCGM: dcgm {path, diag}. See
              # FixtureBackend.disk_usage and _tool_answer for the forms.
-             "python_paths", "disks", "swaps", "ipmitool", "dcgm"}
+             "python_paths", "disks", "swaps", "ipmitool", "dcgm",
+             # {pid: text of /proc/PID/cgroup}: which GPU processes a Slurm job owns
+             "process_cgroups"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}

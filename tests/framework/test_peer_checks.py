@@ -5,12 +5,16 @@ check over in-memory variations of those scenarios."""
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from checks import profiles
+from checks.hw.base import slurm_job_of_cgroup
 from checks.hw.fixture import FixtureBackend, load_scenario
+from checks.hw.linux import LinuxBackend
 from checks.model import Status
 from checks.node.context import Context, Options
 from checks.node.suite import firmware, occupancy
@@ -90,6 +94,75 @@ def test_gpu_without_a_process_list_is_judged_by_memory() -> None:
 def test_gpu_whose_memory_cannot_be_read_is_an_error_not_a_pass() -> None:
     result = _occupancy({"memory_used_bytes": {"error": "Unknown Error"}})
     assert result.status is Status.ERROR
+
+
+# A training job's process as slurmstepd places it (cgroup v2) and the same under cgroup v1.
+JOB_CGROUP_V2 = "0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0\n"
+JOB_CGROUP_V1 = "12:devices:/slurm/uid_1000/job_77/step_batch\n4:memory:/slurm/uid_1000/job_77/step_batch\n"
+
+
+@pytest.mark.parametrize("text,job", [
+    (JOB_CGROUP_V2, "123"),
+    (JOB_CGROUP_V1, "77"),
+    ("0::/slurm_node-a/uid_0/job_9/step_extern\n", "9"),     # several slurmd on one host
+    ("0::/user.slice/user-1000.slice/session-4.scope\n", None),
+    ("0::/system.slice/docker-0123abcd.scope\n", None),
+    ("0::/system.slice/slurmstepd.scope/system\n", None),   # slurmstepd itself, no job
+    ("0::/system.slice/myjob_12.service\n", None),
+    ("", None),
+])
+def test_the_slurm_job_is_read_from_the_cgroup(text: str, job: str | None) -> None:
+    assert slurm_job_of_cgroup(text) == job
+
+
+def _busy(gpu6: dict[str, Any], cgroups: dict[int, str]) -> Any:
+    data = load_scenario("peer-a100-pcie-memory-held-visedit5")
+    data["gpus"][6] = {**data["gpus"][6], **gpu6}
+    data["host"] = {**data["host"], "process_cgroups": cgroups}
+    return list(occupancy.gpu_occupied(ctx_for(data)))
+
+
+def test_a_gpu_only_a_slurm_job_holds_is_busy_not_failed() -> None:
+    results = _busy({}, {1733842: JOB_CGROUP_V2})
+    assert results[6].status is Status.SKIP, results[6].message
+    assert "busy: in use by Slurm job 123 (pid 1733842" in results[6].message
+    assert "not judged while a job runs" in results[6].message
+    assert results[6].details["slurm_jobs"] == {"1733842": "123"}
+    assert {r.status for i, r in enumerate(results) if i != 6} == {Status.PASS}
+
+
+def test_a_stray_beside_a_job_still_fails_and_the_job_is_named_apart() -> None:
+    procs = [{"pid": 1733842, "name": "python", "used_memory_bytes": 8 << 30},
+             {"pid": 555, "name": "zombie", "used_memory_bytes": 2 << 30}]
+    result = _busy({"compute_processes": procs}, {1733842: JOB_CGROUP_V1, 555: ""})[6]
+    assert result.status is Status.FAIL and result.value == 1
+    assert result.message.startswith("1 other process(es) hold a compute context: pid 555 (zombie")
+    assert "besides, in use by Slurm job 77 (pid 1733842 (python" in result.message
+
+
+def test_a_process_outside_any_job_cgroup_still_fails() -> None:
+    result = _busy({}, {1733842: "0::/user.slice/user-0.slice/session-1.scope\n"})[6]
+    assert result.status is Status.FAIL and "1733842" in result.message
+
+
+def test_a_busy_node_exits_clean_through_the_cli(run_cli, tmp_path) -> None:
+    scenario = tmp_path / "busy.yaml"
+    scenario.write_text("extends: peer-a100-pcie-memory-held-visedit5\n"
+                        "host: {process_cgroups: {1733842: '0::/system.slice/slurmstepd.scope/"
+                        "job_4242/step_0/user/task_0'}}\n")
+    code, report, _ = run_cli("--simulate", str(scenario), "--level", "quick", "--only", "gpu-occupied")
+    assert code == 0 and problems(report) == {}
+    (busy,) = [r for r in results_of(report, "gpu-occupied") if r["status"] == "SKIP"]
+    assert busy["device"]["index"] == 6 and "Slurm job 4242" in busy["message"]
+
+
+def test_the_real_backend_reads_its_own_cgroup() -> None:
+    """This test process is in no Slurm job (unless the suite itself runs in one); an ended PID
+    is None, not an error."""
+    backend = LinuxBackend()
+    own = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    assert backend.process_slurm_job(os.getpid()) == slurm_job_of_cgroup(own)
+    assert backend.process_slurm_job(2**22 + 1) is None
 
 
 # --- gpu-firmware -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from checks.hw.base import NotSupported
-from checks.model import Result, Status, fail, passed, warn
+from checks.model import Result, Status, fail, passed, skip, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
 from checks.node.registry import check
@@ -40,13 +40,21 @@ def _describe(proc: dict[str, Any]) -> str:
     return f"pid {proc['pid']} ({name}{'' if used is None else f', {used / MIB:.0f} MiB'})"
 
 
+def _job_order(job: str) -> tuple[int, str]:
+    return (int(job), job) if job.isdigit() else (0, job)
+
+
 @check("gpu-occupied", code="GPU050", title="no other process holds the GPUs before the jobs",
        needs=("driver-loaded",))
 def gpu_occupied(ctx: Context) -> Iterator[Result]:
     """Compute processes that are not this tool (nvmlDeviceGetComputeRunningProcesses) fail
     (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes
     with no such process warns, above occupancy.memory_used_fail_fraction of the GPU's memory
-    fails. Runs before the workload checks, which would otherwise measure a shared GPU."""
+    fails. Runs before the workload checks, which would otherwise measure a shared GPU.
+    A process in a Slurm job's cgroup (/proc/PID/cgroup, see Backend.process_slurm_job) is the
+    job Slurm placed there, not a stray: a GPU that only jobs hold SKIPs as busy, naming the job
+    (the health check slurmd runs during jobs must not drain the node for its own job); other
+    processes beside a job's are still judged."""
     p = ctx.profile
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
@@ -55,6 +63,13 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     container = ctx.hw.container()
     pid_note = (f"; this runs in a container ({container}): NVML gives host PIDs, which it may "
                 "neither see nor stop" if container else "")
+
+    jobs_seen: dict[int, str | None] = {}
+
+    def job_of(pid: int) -> str | None:
+        if pid not in jobs_seen:
+            jobs_seen[pid] = ctx.hw.process_slurm_job(pid)
+        return jobs_seen[pid]
 
     def measure(gpu: Gpu) -> Result:
         q = gpu.handle.query
@@ -65,17 +80,32 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
             procs = None  # e.g. vGPU guests; the memory figure still tells
         details: dict[str, Any] = {"memory_used_bytes": used, "memory_total_bytes": total,
                                    "processes": procs}
-        foreign = [pr for pr in procs or [] if pr["pid"] not in own]
+        others = [pr for pr in procs or [] if pr["pid"] not in own]
+        jobs = {pr["pid"]: job_of(pr["pid"]) for pr in others}
+        in_jobs = [pr for pr in others if jobs[pr["pid"]]]
+        foreign = [pr for pr in others if not jobs[pr["pid"]]]
+        details["slurm_jobs"] = {str(pid): job for pid, job in jobs.items() if job}
         mine = sum(int(pr.get("used_memory_bytes") or 0) for pr in procs or []
                    if pr["pid"] in own)
         held = used - mine
         expected = f"no other process; < {warn_bytes / MIB:.0f} MiB used"
+        job_note = ""
+        if in_jobs:
+            by_job = sorted({str(jobs[pr["pid"]]) for pr in in_jobs}, key=_job_order)
+            job_note = (f"in use by Slurm job {', '.join(by_job)} "
+                        f"({', '.join(_describe(pr) for pr in in_jobs)})")
         if foreign:
             listed = ", ".join(_describe(pr) for pr in foreign)
             message = (f"{len(foreign)} other process(es) hold a compute context: {listed}; "
-                       f"{used / MIB:.0f} MiB of {total / MIB:.0f} MiB in use" + pid_note)
+                       f"{used / MIB:.0f} MiB of {total / MIB:.0f} MiB in use"
+                       + (f"; besides, {job_note}" if job_note else "") + pid_note)
             return Result(process_status, message, value=len(foreign), unit="processes",
                           expected=expected, details=details, remedy=REMEDY_PROCESS)
+        if in_jobs:
+            # The job's own memory and processes are expected; what is free cannot be judged.
+            return skip(f"busy: {job_note}; occupancy and the GPU's free memory are not judged "
+                        "while a job runs", value=len(in_jobs), unit="processes",
+                        expected=expected, details=details)
         unlisted = ("NVML does not list processes on this GPU" if procs is None
                     else "no compute process listed")
         if held > warn_bytes:
