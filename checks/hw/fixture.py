@@ -107,11 +107,17 @@ def _capability(value: Any) -> tuple[int, int]:
 
 
 def _expand_nvlink(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Compact scenario form {links: 18, inactive: [3], errors: {5: {replay: 200}}} -> per link."""
+    """Compact scenario form {links: 18, inactive: [3], errors: {5: {replay: 200}}} -> per link.
+
+    `remote_type` (gpu, switch) and `remote_pci` (the peer's bus id, for a bridged pair) are
+    what nvmlDeviceGetNvLinkRemoteDeviceType / nvmlDeviceGetNvLinkRemotePciInfo give for every
+    active link; left out, the links carry neither (a driver that answers neither)."""
     inactive = {int(i) for i in spec.get("inactive", [])}
     errors = {int(k): v for k, v in (spec.get("errors") or {}).items()}
+    remote = {k: str(spec[k]) for k in ("remote_type", "remote_pci") if spec.get(k)}
     return [{"link": i, "active": i not in inactive,
-             "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, **errors.get(i, {})}}
+             "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, **errors.get(i, {})},
+             **(remote if i not in inactive else {})}
             for i in range(int(spec.get("links", 0)))]
 
 

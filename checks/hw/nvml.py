@@ -2,7 +2,8 @@
 
 Units of the values returned (see base.GPU_FIELDS): bytes, watts, degrees C, MHz; booleans for
 modes; `remapped_rows` a dict; `nvlink` a list of {"link", "active", "errors": {...}} for every
-link the device has; `ecc_by_location` {"sram"|"dram": {"volatile_uncorrected", ...}};
+link the device has (an active one with "remote_type" and "remote_pci" where NVML gives them);
+`ecc_by_location` {"sram"|"dram": {"volatile_uncorrected", ...}};
 `fabric_info` {"state", "status", "cluster_uuid", "clique_id"}; `compute_mode` a name;
 `minor_number` the N of /dev/nvidiaN.
 
@@ -342,10 +343,44 @@ class RealGpu(GpuHandle):
                                                    f"{key})"))
                 except NotSupported:  # e.g. DL counters on Blackwell; the state still counts
                     continue
-            links.append({"link": link, "active": active, "errors": errors})
+            entry: dict[str, Any] = {"link": link, "active": active, "errors": errors}
+            if active:
+                entry.update(self._nvlink_remote(link))
+            links.append(entry)
         if not links:
             raise NotSupported(f"no NVLink on this GPU ({first_refusal})")
         return links
+
+    def _nvlink_remote(self, link: int) -> dict[str, str]:
+        """What the far end of an active link is: "remote_type" (gpu, switch, ibmnpu, unknown)
+        from nvmlDeviceGetNvLinkRemoteDeviceType and "remote_pci" (its bus id) from
+        nvmlDeviceGetNvLinkRemotePciInfo (NVML API reference, NvLink methods). On HGX B200/B300
+        and GB200 the NVSwitches are not on the host's PCI bus, so the remote type is what says
+        a link runs to a switch; a bridged pair (H100 NVL) names its peer's bus id. A driver or
+        device that answers neither leaves the keys out: the topology then falls back to the
+        PCI bus and the profile."""
+        n = self._nvml._n
+        out: dict[str, str] = {}
+        kinds = {getattr(n, "NVML_NVLINK_DEVICE_TYPE_GPU", 0): "gpu",
+                 getattr(n, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1): "ibmnpu",
+                 getattr(n, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2): "switch"}
+        fn = getattr(n, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        if fn is not None:
+            try:
+                kind = self._c(fn, link, what=f"nvmlDeviceGetNvLinkRemoteDeviceType(link {link})")
+                out["remote_type"] = kinds.get(int(kind), "unknown")
+            except (HardwareError, TypeError, ValueError):
+                pass
+        fn = getattr(n, "nvmlDeviceGetNvLinkRemotePciInfo", None)
+        if fn is not None and out.get("remote_type") != "switch":
+            try:
+                info = self._c(fn, link, what=f"nvmlDeviceGetNvLinkRemotePciInfo(link {link})")
+                bus = _text(getattr(info, "busId", b"") or b"")
+                if bus:
+                    out["remote_pci"] = _pci(bus)
+            except (HardwareError, ValueError):
+                pass
+        return out
 
     def _ecc_by_location(self) -> dict[str, dict[str, int]]:
         """nvmlDeviceGetMemoryErrorCounter per location (SRAM, DRAM). A counter the device does

@@ -3,8 +3,10 @@
 A copy GPU i -> GPU j takes one of four kinds of path, and healthy bandwidths differ by class,
 so the P2P straggler rule compares a pair only with pairs of its own class:
 
-- `nvlink`: both GPUs have active NVLinks and an NVSwitch is on the PCI bus, or a link of one
-  GPU names the other as its remote end (an NVLink bridge pair);
+- `nvlink`: both GPUs have active NVLinks and the system has NVSwitches (on the PCI bus, named
+  by the model's profile, or NVML's remote device type of both GPUs' links says "switch": on HGX
+  B200/B300 and GB200 trays the switches are not on the host's PCI bus), or a link of one GPU
+  names the other as its remote end (an NVLink bridge pair: NVML's remote PCI info);
 - `pcie-switch`: their PCI paths share a bridge below the root port (one PCIe switch; nvidia-smi
   topo prints PIX/PXB);
 - `same-socket`: same NUMA node, different switches or root ports (NODE/PHB);
@@ -32,6 +34,8 @@ class GpuPlace:
     nvlinks_active: int = 0
     # Remote PCI address of each active link, when the hardware layer gives it ("remote_pci").
     nvlink_remotes: tuple[str, ...] = ()
+    # An active link whose remote device type is an NVSwitch (NVML_NVLINK_DEVICE_TYPE_SWITCH).
+    nvlink_to_switch: bool = False
 
     def links_to(self, other: GpuPlace) -> int:
         return sum(1 for r in self.nvlink_remotes if other.pci and r == other.pci.lower())
@@ -49,7 +53,7 @@ def shares_switch(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 def pair_class(a: GpuPlace, b: GpuPlace, *, nvswitch: bool) -> str:
     if a.nvlinks_active and b.nvlinks_active:
-        if nvswitch:
+        if nvswitch or (a.nvlink_to_switch and b.nvlink_to_switch):
             return NVLINK
         if a.links_to(b) or b.links_to(a):
             return NVLINK

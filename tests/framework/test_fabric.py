@@ -432,3 +432,18 @@ def test_fleet_shows_rails_and_transports_per_host(run_cli, tmp_path: Path) -> N
     assert "gpu-b" not in text.split("multi-node fabric")[1]  # no RDMA, no transports: no row
     page = html.render(fleet)
     assert "Multi-node fabric" in page and "GPU7-&gt;mlx5_11 (pcie-switch)" in page
+
+
+def test_b200_without_nvls_does_not_pass_transport(run_cli, tmp_path: Path) -> None:
+    """HGX B200 keeps its NVSwitches off the PCI bus: NVLS is still expected (the b200 profile
+    says NVSwitch), so a log with 0 nvls channels WARNs instead of passing."""
+    p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 8}[{i}] via "
+                  "P2P/CUMEM/read\n" for i in range(8))
+    no_nvls = "h:1:2 [0] NCCL INFO 16 coll channels, 0 nvls channels, 32 p2p channels\n"
+    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
+                                                   base="blackwell-b200-8x-healthy"),
+                           "--only", "nccl-allreduce,nccl-transport")
+    (found,) = results(report, "nccl-transport")
+    assert found["status"] == "WARN", found
+    assert found["details"]["expected"]["nvls"] is True
+    assert "NVLS not used" in found["message"]

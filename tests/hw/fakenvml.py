@@ -83,6 +83,9 @@ class FakeGpu:
     nvlinks: list[bool] | None = field(default_factory=lambda: [True] * 18)
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter)
     nvlink_counters_supported: bool = True
+    # far end of every link: an NVML_NVLINK_DEVICE_TYPE_* and a bus id; None: NOT_SUPPORTED
+    nvlink_remote_type: int | None = None
+    nvlink_remote_bus: str | None = None
     mig: tuple[int, int] = (0, 0)
     sm_clock: int = 1980
     sm_clock_max: int = 1980
@@ -533,6 +536,25 @@ class FakeNvmlLibrary:
         if link >= len(gpu.nvlinks):
             return n.NVML_ERROR_INVALID_ARGUMENT
         _put(out, c_uint, n.NVML_FEATURE_ENABLED if gpu.nvlinks[link] else n.NVML_FEATURE_DISABLED)
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetNvLinkRemoteDeviceType", U, P, device=True)
+    def _nvlink_remote_type(self, gpu: FakeGpu, link: int, out: int) -> int:
+        if gpu.nvlinks is None or gpu.nvlink_remote_type is None:
+            return n.NVML_ERROR_NOT_SUPPORTED
+        if link >= len(gpu.nvlinks):
+            return n.NVML_ERROR_INVALID_ARGUMENT
+        _put(out, c_uint, gpu.nvlink_remote_type)
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetNvLinkRemotePciInfo_v2", U, P, device=True)
+    def _nvlink_remote_pci(self, gpu: FakeGpu, link: int, out: int) -> int:
+        if gpu.nvlinks is None or gpu.nvlink_remote_bus is None:
+            return n.NVML_ERROR_NOT_SUPPORTED
+        if link >= len(gpu.nvlinks):
+            return n.NVML_ERROR_INVALID_ARGUMENT
+        info = n.nvmlPciInfo_t.from_address(out)
+        info.busId = gpu.nvlink_remote_bus.encode()
         return n.NVML_SUCCESS
 
     @_c("nvmlDeviceGetNvLinkErrorCounter", U, U, P, device=True)

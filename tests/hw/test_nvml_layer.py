@@ -245,6 +245,20 @@ def test_nvlink_error_mid_list_is_the_gpus_error(fake_nvml: Any, code: int, kind
     assert "link 3" in str(info.value)
 
 
+def test_nvlink_remote_end_switch_or_bridged_peer(fake_nvml: Any) -> None:
+    """The far end of each active link: a switch (HGX B200, no NVSwitch on the PCI bus) or the
+    bridged peer's bus id in sysfs spelling; none for an inactive link."""
+    links = open_gpu(fake_nvml, FakeGpu(nvlinks=[True, False],
+                                        nvlink_remote_type=n.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                     ).query("nvlink")
+    assert [(lk.get("remote_type"), lk.get("remote_pci")) for lk in links] == [
+        ("switch", None), (None, None)]
+    links = open_gpu(fake_nvml, FakeGpu(nvlinks=[True] * 2,
+                                        nvlink_remote_type=n.NVML_NVLINK_DEVICE_TYPE_GPU,
+                                        nvlink_remote_bus="00000000:8B:00.0")).query("nvlink")
+    assert {(lk["remote_type"], lk["remote_pci"]) for lk in links} == {("gpu", "0000:8b:00.0")}
+
+
 def test_nvlink_not_supported_device(fake_nvml: Any) -> None:
     with pytest.raises(NotSupported, match="no NVLink"):
         open_gpu(fake_nvml, FakeGpu(nvlinks=None)).query("nvlink")

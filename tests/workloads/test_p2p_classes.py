@@ -136,3 +136,57 @@ def test_nvswitch_node_pairs_are_nvlink_with_a_derived_floor(run_cli: Any) -> No
     assert set(p2p["details"]["classes"]) == {"nvlink"}
     # generic knows H100's per-link figure by compute capability: 18 x 25 GB/s x 0.6
     assert p2p["details"]["classes"]["nvlink"]["floor_gbs"] == 270.0
+
+
+# --- NVLink without PCI-visible NVSwitches, and bridged pairs --------------------------------------
+def test_links_to_a_switch_make_an_nvlink_pair_without_switches_on_the_pci_bus() -> None:
+    # HGX B200: NVML says each link's far end is an NVSwitch; nothing 10de:xxxx on the bus.
+    a = GpuPlace("0000:18:00.0", SW0, 0, 18, nvlink_to_switch=True)
+    b = GpuPlace("0000:9a:00.0", ROOT1, 1, 18, nvlink_to_switch=True)
+    assert topology.pair_class(a, b, nvswitch=False) == topology.NVLINK
+    # one GPU whose links do not run to a switch: the PCIe path decides
+    c = GpuPlace("0000:9a:00.0", ROOT1, 1, 18)
+    assert topology.pair_class(a, c, nvswitch=False) == topology.CROSS
+
+
+def test_b200_at_half_its_nvlink_floor_fails_as_nvlink(run_cli: Any) -> None:
+    code, report = run_cli("--simulate", "blackwell-b200-p2p-half-nvlink", "--only",
+                           "p2p-bandwidth")
+    assert code == 1
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert p2p["status"] == "FAIL" and p2p["fault_code"] == "COL002"
+    assert set(p2p["details"]["classes"]) == {"nvlink"}
+    assert p2p["details"]["classes"]["nvlink"] == {"pairs": 56, "min_gbs": 306.0,
+                                                   "median_gbs": 306.0, "floor_gbs": 613.0}
+    assert "GPU0->GPU1 (nvlink) 306.0 GB/s below 613.0" in p2p["message"]
+
+
+def test_b200_profile_alone_says_nvswitch_when_nvml_gives_no_remote_type(
+        run_cli: Any, tmp_path: Any) -> None:
+    """A driver that answers no remote device type: the b200 profile's topology still classes
+    every pair NVLink (the healthy B200 scenario's links carry no remote type)."""
+    import yaml
+
+    from checks.hw.scenario_file import load_scenario
+    base = load_scenario("blackwell-b200-p2p-half-nvlink")["_path"]
+    path = tmp_path / "b200-no-remote-type.yaml"
+    path.write_text(yaml.safe_dump({"description": "test: no remote device type",
+                                    "extends": str(base),
+                                    "gpu_defaults": {"nvlink": {"links": 18}}}))
+    code, report = run_cli("--simulate", str(path), "--only", "p2p-bandwidth")
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert code == 1 and p2p["status"] == "FAIL"
+    assert set(p2p["details"]["classes"]) == {"nvlink"}
+
+
+def test_bridged_h100_nvl_pair_at_pcie_speed_fails_against_its_nvlink_floor(
+        run_cli: Any) -> None:
+    code, report = run_cli("--simulate", "node-h100-nvl-pair-pcie-speed", "--only",
+                           "p2p-bandwidth")
+    assert code == 1
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert p2p["status"] == "FAIL"
+    assert set(p2p["details"]["classes"]) == {"nvlink"}
+    # 12 bridge links x 25 GB/s x the nvlink fraction 0.6
+    assert p2p["details"]["classes"]["nvlink"]["floor_gbs"] == 180.0
+    assert "GPU0->GPU1 (nvlink) 52.0 GB/s below 180.0" in p2p["message"]

@@ -37,13 +37,21 @@ class Layout:
         return topology.classify(self.places, nvswitch=self.nvswitch)
 
 
-def _nvlink_remotes(gpu: Gpu) -> tuple[str, ...]:
+def _active_links(gpu: Gpu) -> list[dict[str, Any]]:
     try:
         links = gpu.handle.query("nvlink") or []
     except HardwareError:
-        return ()
-    return tuple(str(link["remote_pci"]).lower() for link in links
-                 if link.get("active") and link.get("remote_pci"))
+        return []
+    return [link for link in links if isinstance(link, dict) and link.get("active")]
+
+
+def _nvlink_remotes(gpu: Gpu) -> tuple[str, ...]:
+    return tuple(str(link["remote_pci"]).lower() for link in _active_links(gpu)
+                 if link.get("remote_pci"))
+
+
+def _nvlink_to_switch(gpu: Gpu) -> bool:
+    return any(link.get("remote_type") == "switch" for link in _active_links(gpu))
 
 
 def layout(ctx: Context, m: dict[str, Any]) -> Layout:
@@ -67,11 +75,15 @@ def layout(ctx: Context, m: dict[str, Any]) -> Layout:
             pci=address, pci_path=dev.pci_path if dev else (),
             numa_node=dev.numa_node if dev else None,
             nvlinks_active=plan.nvlinks_up(gpu) if gpu else 0,
-            nvlink_remotes=_nvlink_remotes(gpu) if gpu else ()))
+            nvlink_remotes=_nvlink_remotes(gpu) if gpu else (),
+            nvlink_to_switch=_nvlink_to_switch(gpu) if gpu else False))
         labels.append(f"GPU{gpu.device.index}" if gpu and gpu.device.index is not None
                       else f"cuda:{k}")
         found.append(gpu)
-    return Layout(places, labels, found, nvswitch=bool(ctx.nvswitches))
+    # NVSwitches on the PCI bus, or a model whose profile says it has them (HGX B200/B300 keep
+    # theirs off the host's PCI bus).
+    return Layout(places, labels, found,
+                  nvswitch=bool(ctx.nvswitches) or bool(ctx.profile.get("nvswitch")))
 
 
 def _capability(ctx: Context, gpus: list[Gpu | None]) -> str | None:
