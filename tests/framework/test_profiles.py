@@ -76,3 +76,23 @@ def test_unknown_model_falls_back_to_generic_and_says_so() -> None:
 def test_unknown_profile_name_is_a_clear_error() -> None:
     with pytest.raises(profiles.ProfileError, match="unknown profile 'x'; available"):
         profiles.load("x")
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_every_nvlink_model_has_a_per_link_rate(name: str) -> None:
+    """A model with NVLinks gets a derived NVLink floor only when its compute capability has a
+    per-link rate (collective.nvlink_link_gbs): B300/GB300 (10.3) had none."""
+    profile = profiles.load(name)
+    cc = profile.get("compute_capability")
+    if cc is None or not (profile.get("nvlink.links") or profile.get("nvlink.bridge_links")):
+        pytest.skip(f"{name}: no NVLink model")
+    rates = profile.get("collective.nvlink_link_gbs") or {}
+    assert rates.get(str(cc)) is not None, f"{name}: no NVLink rate for compute capability {cc}"
+    if profile.get("nvlink.link_gbs_per_direction") is not None:
+        assert rates[str(cc)] == profile.get("nvlink.link_gbs_per_direction")
+
+
+def test_b200_hbm_peak_is_what_the_driver_reports() -> None:
+    # 7680-bit bus x 3996 MHz DDR (pytorch/ao PR#4002), not the 8 TB/s of an 8192-bit bus
+    assert profiles.load("b200").get("peaks.mem_bw_gbs") == pytest.approx(7680 / 8 * 3996 * 2 / 1000,
+                                                                           abs=1)
