@@ -33,6 +33,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,6 +123,14 @@ def _wrapper_failed(node: str, role: str, exc: BaseException, state_dir: Path, p
     return 0 if role == "epilog" else EXIT_FAIL
 
 
+def _publish_unhealthy(args: argparse.Namespace) -> None:
+    """The wrapper-error paths publish the host unhealthy too (no report: healthy 0), so that
+    NodecertHostUnhealthy fires; a textfile directory that is what broke is left as it is."""
+    if args.textfile_dir:
+        with contextlib.suppress(Exception):
+            gate.publish(Path(args.textfile_dir), args.node, args.level, None)
+
+
 def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
     """health-check or epilog: run the checks under the deadline, keep the verdict, act."""
     state_dir, node = Path(args.state_dir), args.node
@@ -142,11 +151,12 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
             if args.textfile_dir:
                 gate.publish(Path(args.textfile_dir), node, args.level, _kept_report(state_dir))
         _act_here(node, result, state_dir, args.prefix, args.apply)
-    except gate.UsageError as exc:  # a configuration error, not a node fault: drains nothing
+    except gate.UsageError as exc:  # a configuration error, not a node fault (FAIL_CLOSED)
         with contextlib.suppress(OSError):
             gate.clear_marker(state_dir)
+        _publish_unhealthy(args)
         print(f"error: {exc}", file=sys.stderr)
-        return 0 if role == "epilog" else EXIT_USAGE
+        return EXIT_USAGE  # the wrapper drains: nodecert's configuration failed
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if role == "epilog":
@@ -155,6 +165,7 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
     except Exception as exc:  # fail closed, whatever broke
         with contextlib.suppress(OSError):  # not killed: its own error names what broke
             gate.clear_marker(state_dir)
+        _publish_unhealthy(args)
         return _wrapper_failed(node, role, exc, state_dir, args.prefix, args.apply)
     if role == "epilog":
         return 0
@@ -195,13 +206,59 @@ WRAPPERS = {
 }
 
 
-def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_conf.Plan,
-                  checks_args: Sequence[str], textfile_dir: str | None = None) -> list[Path]:
-    """Slurm runs a program path without arguments: one small wrapper per role, naming this
-    Python (the node's nodecert venv), SLURM_CONF when one is set, and the deadlines the plan
-    derived from slurm.conf."""
-    directory.mkdir(parents=True, exist_ok=True)
+# What a wrapper does when the nodecert run it starts did not act (any exit but 0, and a 1 that
+# left the node in service): it drains the node itself, with nothing but /bin/sh and scontrol,
+# so that a missing interpreter (127), a broken package (1 with a traceback), refused options
+# (2), a failed fork or a killed run (exit 128+N: signal N, named as such) never switch
+# checking off in silence. A node that is
+# already drained (by the run, or by an administrator) keeps its reason.
+CONFIG_ID = "nodecert-config"
+FAIL_CLOSED = r"""rc=$?
+[ "$rc" -eq 0 ] && exit 0
+case "$NODE" in  # one node name, as slurm_control.node_name: no range, list or ALL
+  ""|[!A-Za-z0-9]*|*[!A-Za-z0-9_.-]*|[Aa][Ll][Ll])
+    echo "nodecert: $ROLE run exited $rc; node name '$NODE' is not one Slurm node" >&2; exit 2 ;;
+esac
+st=$("$SCONTROL" -o show node "$NODE" 2>/dev/null) || st=
+st=${st#* State=}
+case "${st%% *}" in
+  *DRAIN*) [ "$ROLE" = epilog ] && exit 0; exit "$rc" ;;
+esac
+why="$CONFIG_ID $ROLE exited $rc: nodecert's configuration failed, not the node"
+[ "$rc" -gt 128 ] && why="nodecert-run ($ROLE) killed by signal $((rc - 128)) before it finished"
+echo "nodecert: $ROLE run exited $rc and left $NODE in service: draining it ($why)" >&2
+"$SCONTROL" update NodeName="$NODE" State=DRAIN Reason="$PREFIX: $why" || exit 3
+[ "$ROLE" = epilog ] && exit 0
+exit "$rc"
+"""
+
+
+def _sh_lines(name: str, role: str, prefix: str, python: str, scontrol: str, run: str) -> list[str]:
+    """The wrapper's text: settings, the run (not exec'd: its exit is judged), FAIL_CLOSED."""
+    q = shlex.quote
+    path = ":".join(dict.fromkeys([str(Path(scontrol).parent), "/usr/local/sbin", "/usr/local/bin",
+                                   "/usr/sbin", "/usr/bin", "/sbin", "/bin"]))
+    lines = ["#!/bin/sh",
+             f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts",
+             f"PATH={q(path)}${{PATH:+:$PATH}}; export PATH",  # slurmd's PATH is bare
+             f"SCONTROL={q(scontrol)} ROLE={q(role)} PREFIX={q(prefix)} CONFIG_ID={CONFIG_ID}",
+             'NODE=$SLURMD_NODENAME; [ -n "$NODE" ] || { NODE=$(uname -n); NODE=${NODE%%.*}; }']
     conf = os.environ.get("SLURM_CONF")
+    if conf:
+        lines.append(f"export SLURM_CONF={q(conf)}")
+    return [*lines, f"{q(python)} -m checks.fleet.slurm {run}", FAIL_CLOSED.rstrip("\n")]
+
+
+def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_conf.Plan,
+                  checks_args: Sequence[str], textfile_dir: str | None = None,
+                  python: str | None = None, scontrol: str | None = None) -> list[Path]:
+    """Slurm runs a program path without arguments: one small wrapper per role, naming this
+    Python (the node's nodecert venv), scontrol by its full path (found on PATH now), SLURM_CONF
+    when one is set, and the deadlines the plan derived from slurm.conf. A run that does not act
+    is failed closed by the wrapper itself (FAIL_CLOSED)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    python = python or sys.executable
+    scontrol = scontrol or shutil.which("scontrol") or "/usr/bin/scontrol"
     written = []
     for name, (_, sub) in WRAPPERS.items():
         args = [*sub, "--prefix", prefix, "--state-dir", str(state_dir)]
@@ -216,11 +273,7 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
                 args += ["--budget", f"{plan.budget_s:g}s"]
             if checks_args:
                 args += ["--", *checks_args]
-        lines = ["#!/bin/sh",
-                 f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts"]
-        if conf:
-            lines.append(f"export SLURM_CONF={shlex.quote(conf)}")
-        lines.append(f"exec {shlex.quote(sys.executable)} -m checks.fleet.slurm {shlex.join(args)}")
+        lines = _sh_lines(name, sub[0], prefix, python, scontrol, shlex.join(args))
         path = directory / name
         tmp = directory / f".{name}.tmp"
         tmp.write_text("\n".join(lines) + "\n")
@@ -310,6 +363,9 @@ def _scripts(args: argparse.Namespace) -> int:
     print(f"deadlines from {limits.source}: checks {plan.check_timeout_s:g} s (HealthCheckProgram "
           f"limit {slurm_conf.HEALTH_CHECK_LIMIT_S:g} s), Slurm calls "
           f"{plan.slurm_call_timeout_s:g} s, prolog calls {plan.prolog_call_timeout_s:g} s")
+    if shutil.which("scontrol") is None:
+        print("note: scontrol is not on PATH here: the wrappers name /usr/bin/scontrol, which "
+              "they need to drain the node when a run fails without acting")
     if not limits.nohold_on_prolog_fail:
         print("note: without SchedulerParameters=nohold_on_prolog_fail a job the Prolog refuses "
               "is requeued held (launch_failed_requeued_held); with it, requeued to run elsewhere")

@@ -1,0 +1,128 @@
+"""The generated wrappers fail closed by themselves: a run of `python -m checks.fleet.slurm` that
+did not act (missing interpreter, broken package, refused options, a killed run) drains the node
+with /bin/sh and scontrol alone, naming nodecert's configuration, not the node.
+
+The wrappers here are the real generated scripts, run by /bin/sh with slurmd's bare environment
+(PATH=/usr/bin:/bin, scontrol outside it); the interpreter is replaced by a stand-in that exits
+with the code under test, and scontrol by a stub that logs its arguments and answers
+`show node` with a chosen state (the real daemons: tests/fleet/test_slurm_gate.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks.fleet import slurm, slurm_conf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from promtools import samples
+
+PLAN = slurm_conf.Plan(check_timeout_s=35, slurm_call_timeout_s=10, prolog_call_timeout_s=2.5,
+                       budget_s=None, health_check_max_s=35, epilog_max_s=300)
+STUB = """#!/bin/sh
+echo "$*" >> {log}
+case "$*" in *show*) cat {state} ;; *update*) [ ! -e {refuse} ] ;; esac
+"""
+
+
+def _setup(tmp_path: Path, python_rc: int | None, state: str) -> tuple[Path, Path]:
+    """Wrappers in tmp_path/w whose interpreter exits python_rc (None: no interpreter at all)."""
+    tools = tmp_path / "sbin"  # not on the wrapper's PATH
+    tools.mkdir()
+    log = tmp_path / "scontrol.log"
+    (tmp_path / "state.txt").write_text(f"NodeName=gpu07 Arch=x86_64 State={state} Reason=x\n")
+    stub = tools / "scontrol"
+    stub.write_text(STUB.format(log=log, state=tmp_path / "state.txt", refuse=tmp_path / "refuse"))
+    stub.chmod(0o755)
+    python = tools / "python3"
+    if python_rc is not None:
+        python.write_text(f"#!/bin/sh\necho Traceback >&2\nexit {python_rc}\n")
+        python.chmod(0o755)
+    slurm.write_scripts(tmp_path / "w", tmp_path / "st", "NODECERT", PLAN, ["--expect-gpus", "8"],
+                        python=str(python), scontrol=str(stub))
+    return tmp_path / "w", log
+
+
+def _run(wrappers: Path, name: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gpu07"}
+    return subprocess.run(["/bin/sh", str(wrappers / name)], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def _updates(log: Path) -> list[str]:
+    return [line for line in (log.read_text().splitlines() if log.exists() else [])
+            if line.startswith("update")]
+
+
+@pytest.mark.parametrize("rc", [None, 1, 2, 137])  # 127 from sh, traceback, usage, killed
+@pytest.mark.parametrize("name,role", [("nodecert-healthcheck", "health-check"),
+                                       ("nodecert-prolog", "prolog"),
+                                       ("nodecert-epilog", "epilog")])
+def test_a_run_that_did_not_act_drains_with_a_configuration_reason(tmp_path, rc, name, role) -> None:
+    wrappers, log = _setup(tmp_path, rc, "IDLE")
+    proc = _run(wrappers, name)
+    code = 127 if rc is None else rc
+    why = (f"nodecert-run ({role}) killed by signal 9 before it finished" if code == 137 else
+           f"nodecert-config {role} exited {code}: nodecert's configuration failed, not the node")
+    assert _updates(log) == [f"update NodeName=gpu07 State=DRAIN Reason=NODECERT: {why}"], proc.stderr
+    # the Prolog refuses the job; the Epilog has acted (non-zero would make Slurm's own drain)
+    assert proc.returncode == (0 if role == "epilog" else code), proc.stderr
+
+
+def test_a_node_the_run_drained_keeps_its_reason(tmp_path) -> None:
+    wrappers, log = _setup(tmp_path, 1, "IDLE+DRAIN")
+    proc = _run(wrappers, "nodecert-healthcheck")
+    assert proc.returncode == 1 and _updates(log) == []
+    assert log.read_text().splitlines() == ["-o show node gpu07"]
+
+
+def test_a_passing_run_calls_no_slurm_tool(tmp_path) -> None:
+    wrappers, log = _setup(tmp_path, 0, "IDLE")
+    assert _run(wrappers, "nodecert-healthcheck").returncode == 0 and not log.exists()
+
+
+def test_when_scontrol_cannot_drain_the_wrapper_exits_3(tmp_path) -> None:
+    wrappers, log = _setup(tmp_path, 2, "IDLE")
+    (tmp_path / "refuse").touch()
+    assert _run(wrappers, "nodecert-epilog").returncode == 3  # Slurm then drains: Epilog error
+    assert len(_updates(log)) == 1
+
+
+@pytest.mark.parametrize("node", ["gpu[01-03]", "ALL", "a,b", ""])
+def test_a_node_name_scontrol_would_expand_drains_nothing(tmp_path, node) -> None:
+    wrappers, log = _setup(tmp_path, 127, "IDLE")
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": node}
+    proc = subprocess.run(["/bin/sh", str(wrappers / "nodecert-healthcheck")], env=env,
+                          capture_output=True, text=True, timeout=30)
+    if node == "":  # falls back to the host name, which is one node name
+        assert _updates(log)
+        return
+    assert proc.returncode == 2 and not log.exists(), proc.stderr
+
+
+def test_the_real_interpreter_and_a_typo_in_the_options_drain(tmp_path) -> None:
+    """The real `python -m checks.fleet.slurm` refusing a pushed typo (exit 2) is drained."""
+    wrappers, log = _setup(tmp_path, 0, "IDLE")
+    slurm.write_scripts(wrappers, tmp_path / "st", "NODECERT", PLAN, ["--expect-gpu", "8"],
+                        python=sys.executable, scontrol=str(tmp_path / "sbin" / "scontrol"))
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gpu07",
+           "PYTHONPATH": str(Path(slurm.__file__).resolve().parents[2])}
+    proc = subprocess.run(["/bin/sh", str(wrappers / "nodecert-healthcheck")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert _updates(log) == ["update NodeName=gpu07 State=DRAIN Reason=NODECERT: nodecert-config "
+                             "health-check exited 2: nodecert's configuration failed, not the node"]
+
+
+def test_refused_options_publish_the_host_unhealthy(tmp_path, capsys) -> None:
+    """The configuration-error path writes the textfile too: NodecertHostUnhealthy fires."""
+    textfiles = tmp_path / "textfiles"
+    code = slurm.main(["health-check", "--node", "gpu07", "--state-dir", str(tmp_path / "st"),
+                       "--textfile-dir", str(textfiles), "--", "--simulate", "no-such-scenario"])
+    assert code == 2 and capsys.readouterr().err.startswith("error:")
+    published = samples((textfiles / "nodecert.prom").read_text())
+    assert [(labels, value) for name, labels, value in published if name == "nodecert_host_healthy"] == [
+        (frozenset({("host", "gpu07"), ("level", "quick"), ("profile", "")}), 0.0)]
