@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,11 +110,33 @@ def command(nic: str, port: int, *, gpu: int | None, size: int, duration_s: int,
     return argv + ([server] if server else [])
 
 
+def loopback_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of both ib_write_bw processes: CUDA numbers devices in PCI bus order
+    (CUDA_DEVICE_ORDER=PCI_BUS_ID) and the caller's CUDA_VISIBLE_DEVICES is dropped, so an
+    ordinal from cuda_ordinal names the same GPU for server and client."""
+    env = {k: v for k, v in environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
+def cuda_ordinal(gpu_pci: str, cuda_pcis: list[str]) -> int | None:
+    """The N of `--use_cuda=N` for the GPU at `gpu_pci`: perftest hands N to cuDeviceGet, whose
+    ordinals (with loopback_env) are the GPUs the driver gives this process, in PCI bus order.
+    That is the GPU's rank among `cuda_pcis` (NVML's GPUs: in a container only its own), not its
+    index among every GPU on the host's PCI bus nor its ordinal under CUDA_VISIBLE_DEVICES.
+    None when CUDA cannot see the GPU here."""
+    ordered = sorted(p.lower() for p in cuda_pcis if p)
+    try:
+        return ordered.index(gpu_pci.lower())
+    except ValueError:
+        return None
+
+
 def run_loopback(nic: str, *, gpu: int | None = None, port: int = 18515, size: int = 1 << 20,
                  duration_s: int = 5, timeout_s: float = 60.0) -> dict[str, Any]:
     """One loopback measurement on `nic`: {"argv", "returncode", "output", "server_output",
     "timed_out"}. Never raises for what perftest does; the caller parses `output`."""
-    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # --use_cuda N in PCI bus order
+    env = loopback_env(os.environ)  # --use_cuda N: the N-th GPU of this process, PCI order
     server_argv = command(nic, port, gpu=gpu, size=size, duration_s=duration_s)
     client_argv = command(nic, port, gpu=gpu, size=size, duration_s=duration_s,
                           server="127.0.0.1")

@@ -172,3 +172,33 @@ def test_no_recorded_output_is_a_skip_not_a_pass(run_cli, tmp_path: Path) -> Non
     assert sum(r["status"] == "PASS" for r in results) == 1
     assert all("records no ib_write_bw output" in r["message"]
                for r in results if r["status"] == "SKIP")
+
+
+def test_cuda_ordinal_is_the_rank_among_the_gpus_this_process_has() -> None:
+    # A container given the GPUs at 0000:5d and 0000:bb of eight: --use_cuda counts only those.
+    mine = ["0000:bb:00.0", "0000:5D:00.0"]
+    assert perftest.cuda_ordinal("0000:5d:00.0", mine) == 0
+    assert perftest.cuda_ordinal("0000:BB:00.0", mine) == 1
+    assert perftest.cuda_ordinal("0000:1b:00.0", mine) is None
+    env = perftest.loopback_env({"CUDA_VISIBLE_DEVICES": "3,1", "PATH": "/usr/bin"})
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PATH": "/usr/bin"}
+
+
+def test_container_with_two_of_eight_gpus_measures_its_own_by_their_cuda_ordinal(
+        run_cli, tmp_path: Path) -> None:
+    """sysfs lists all eight GPUs, NVML (so CUDA) only GPUs 2 and 5: those two are measured
+    with --use_cuda=0 and 1, not 2 and 5 (which would name no GPU, or another's); the six
+    GPUs of other tenants are SKIPped with the reason."""
+    path = Path(scenario(tmp_path, {"cuda": True},
+                         {"default": log("ndr-gdr-duration-gbits-azure152.txt")}))
+    data = yaml.safe_load(path.read_text())
+    data["host"]["device_nodes"] = [2, 5]
+    data["gpu_overrides"] = {k: {"nvml_visible": False} for k in (0, 1, 3, 4, 6, 7)}
+    path.write_text(yaml.safe_dump(data))
+    status, results = write_bw(run_cli, str(path))
+    measured = {r["device"]["name"].split()[0]: r["details"]["gpu"] for r in results
+                if r["status"] == "PASS"}
+    assert measured == {"GPU2": 0, "GPU5": 1}
+    skipped = [r for r in results if r["status"] == "SKIP"]
+    assert len(skipped) == 6 and all("not one of the GPUs" in r["message"] for r in skipped)
+    assert status == "PASS"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.hw.base import HardwareError, NotSupported, RdmaDevice
-from checks.hw.perftest import PerftestOutputError, parse_write_bw
+from checks.hw.perftest import PerftestOutputError, cuda_ordinal, parse_write_bw
 from checks.model import Device, Result, error, fail, passed, skip
 from checks.node import rules
 from checks.node.context import Context
@@ -55,9 +55,17 @@ def rdma_write_bw(ctx: Context) -> list[Result]:
     pairs: list[tuple[int | None, str, str | None]] = []  # (CUDA ordinal, NIC, GPU label)
     results: list[Result] = []
     if ctx.pci_gpus and tool.get("cuda"):
-        for i, rail in enumerate(rails_map(ctx, list(nics.values()))):
-            if rail.nic is not None:
-                pairs.append((i, rail.nic, rail.gpu))
+        cuda_pcis = _cuda_pcis(ctx)
+        for rail in rails_map(ctx, list(nics.values())):
+            if rail.nic is None:
+                continue
+            ordinal = cuda_ordinal(rail.gpu_pci, cuda_pcis)
+            if ordinal is None:
+                results.append(skip(f"{rail.gpu}: not one of the GPUs the driver gives this "
+                                    "process (NVML lists it not): its NIC path is not measured "
+                                    "here", device=Device(name=rail.gpu, pci=rail.gpu_pci)))
+                continue
+            pairs.append((ordinal, rail.nic, rail.gpu))
     else:
         if ctx.pci_gpus:
             results.append(skip(f"{tool.get('path')} is built without CUDA (no --use_cuda: "
@@ -68,6 +76,14 @@ def rdma_write_bw(ctx: Context) -> list[Result]:
         results.append(_measure(ctx, nics[nic], gpu, label, fraction, duration, size,
                                 BASE_PORT + n))
     return results or [skip("no compute NIC to measure")]
+
+
+def _cuda_pcis(ctx: Context) -> list[str]:
+    """PCI addresses of the GPUs NVML (and so CUDA) sees in this process."""
+    try:
+        return [g.device.pci for g in ctx.gpus if g.device.pci]
+    except HardwareError:
+        return []
 
 
 def _measure(ctx: Context, nic: RdmaDevice, gpu: int | None, label: str | None,
