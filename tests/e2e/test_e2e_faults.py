@@ -15,6 +15,7 @@ from e2elib import rootfs, runner
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 LOCK_TIMEOUT = 5
+UNREACHABLE_SOURCE = "http://127.0.0.1:9/offline"  # the discard port: nothing listens there
 EXAMPLE_CHECKSUM = re.search(
     r"^cuda_toolkit_repo_key_checksum=(\S+)$", (runner.REPO / "inventory.example").read_text(), re.M
 ).group(1)
@@ -33,6 +34,7 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "gh200-proprietary",
         "dpkg-interrupted",
         "secure-boot-dkms",
+        "unreachable-source",
     )
     roots = {name: make_host(name, debian12_tarball) for name in names}
     rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
@@ -46,6 +48,10 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
     (roots["dpkg-interrupted"] / "var/lib/dpkg/updates/0001").write_text(
         "Package: curl\nStatus: install ok half-installed\n"
     )
+    # An air-gapped site's mirror set up, one source left pointing at a host that does not answer.
+    (roots["unreachable-source"] / "etc/apt/sources.list.d/offline-mirror.list").write_text(
+        f"deb [trusted=yes] {UNREACHABLE_SOURCE} ./\n"
+    )
     host_vars = {
         "bad-checksum": {
             "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()
@@ -56,6 +62,8 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
             "cuda_toolkit_repo_key_checksum": stand_in_repo.wrong_key_checksum,
         },
         "apt-locked": {"preflight_apt_lock_timeout": LOCK_TIMEOUT},
+        # Lists refreshed whatever their age, so that the unreachable source is read.
+        "unreachable-source": {"preflight_apt_cache_valid_time": 0},
         # A kernel Canonical ships no precompiled NVIDIA modules for: DKMS would be needed.
         "secure-boot": {"nvidia_driver_kernel_release": "6.99.0-1-generic"},
         # DKMS asked for: known before NVIDIA's repository is read, so the stop comes before any change.
@@ -125,6 +133,18 @@ def test_held_apt_lock_is_waited_for_then_named(faults):
     ), result
     assert "unattended-upgrades" in message and "preflight_apt_lock_timeout" in message
     assert result.seconds >= LOCK_TIMEOUT
+
+
+def test_an_unreachable_apt_source_is_named_in_one_line(faults):
+    roots, result = faults
+    message = result.failure("unreachable-source")
+    assert message.startswith(
+        f"apt could not refresh its package lists on unreachable-source: {UNREACHABLE_SOURCE}/./InRelease ("
+    ), result
+    assert "Could not connect to 127.0.0.1:9" in message and "Fix or remove that source" in message, message
+    assert "\n" not in message.strip(), message
+    # It stopped in the checks before any change.
+    assert not (roots["unreachable-source"] / "etc/apt/sources.list.d/nvidia-cuda.list").exists()
 
 
 def test_secure_boot_without_signed_modules_stops_with_mok_steps(faults):
