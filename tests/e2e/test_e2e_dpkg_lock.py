@@ -72,18 +72,28 @@ def _selection(root: Path, package: str) -> str:
     return status.stdout.split()[-1] if status.stdout.split() else ""
 
 
-def test_a_hold_waits_for_a_lock_that_is_released(root, workdir, chroot_wrapper, ansible_home) -> None:
-    inventory = runner.write_inventory(workdir / "dpkg-lock.yml", {"locked": root}, chroot_wrapper, {})
+def _hold_under_lock(root: Path, workdir: Path, wrapper: Path, home: Path, lock_timeout: int,
+                     release_after: float | None) -> runner.Result:
+    """The hold task run while a process in the root holds dpkg's lock, released after
+    release_after seconds (None: held until the run ends)."""
+    name = f"hold-{lock_timeout}"
+    inventory = runner.write_inventory(workdir / f"{name}.yml", {"locked": root}, wrapper, {})
     holder = runner.hold_dpkg_lock(root)
-    release = threading.Timer(8, holder.kill)
-    release.start()
+    release = threading.Timer(release_after, holder.kill) if release_after is not None else None
+    if release:
+        release.start()
     try:
-        result = runner.run_playbook(str(_hold_play(workdir / "hold.yml", 60)), inventory,
-                                     ansible_home("dpkg-lock"))
+        play = _hold_play(workdir / f"{name}-play.yml", lock_timeout)
+        return runner.run_playbook(str(play), inventory, home)
     finally:
-        release.cancel()
+        if release:
+            release.cancel()
         holder.kill()
         holder.wait()
+
+
+def test_a_hold_waits_for_a_lock_that_is_released(root, workdir, chroot_wrapper, ansible_home) -> None:
+    result = _hold_under_lock(root, workdir, chroot_wrapper, ansible_home("dpkg-lock"), 60, release_after=8)
     assert result.rc == 0, result
     assert "FAILED - RETRYING: [locked]: Hold NCCL" in result.output, result
     assert _selection(root, "base-files") == "hold"
@@ -91,14 +101,7 @@ def test_a_hold_waits_for_a_lock_that_is_released(root, workdir, chroot_wrapper,
 
 
 def test_a_lock_held_past_the_timeout_fails_naming_it(root, workdir, chroot_wrapper, ansible_home) -> None:
-    inventory = runner.write_inventory(workdir / "dpkg-lock-2.yml", {"locked": root}, chroot_wrapper, {})
-    holder = runner.hold_dpkg_lock(root)
-    try:
-        result = runner.run_playbook(str(_hold_play(workdir / "hold-2.yml", 5)), inventory,
-                                     ansible_home("dpkg-lock"))
-    finally:
-        holder.kill()
-        holder.wait()
+    result = _hold_under_lock(root, workdir, chroot_wrapper, ansible_home("dpkg-lock"), 5, release_after=None)
     assert result.rc == 2, result
     # A looped task prints its failure per item.
     assert "failed: [locked] (item=base-files)" in result.output, result
