@@ -7,6 +7,13 @@ the workload figures and curves) in a temporary directory, then times checks.rep
 and its parts. JSON-schema validation is timed with both validators: jsonschema-rs (used when
 installed) and the pure-Python jsonschema (the fallback), the latter on a sample, extrapolated.
 --check exits 1 when over the goal (off by default: a shared machine's timings are noisy).
+
+    python benchmarks/fleet_bench.py --scale 1000,10000
+
+builds each fleet size and aggregates it in a fresh child process, the way `python -m checks.fleet
+report` does, printing its wall s, CPU s and peak RSS (the child's own getrusage) and which validator
+it used; run it with the venv users get (no dev extras), docs/fleet-memory.md says how. The scale
+goal: 10 000 hosts in <= 5 s and <= 500 MB.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +35,48 @@ from checks.devtools import synthetic
 from checks.report import aggregate, load
 
 GOAL_S = 2.0
+SCALE_GOAL = (10_000, 5.0, 500.0)  # hosts, wall s, peak RSS MB
+
+_CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[2])
+from checks.report import aggregate, load
+w0, c0 = time.perf_counter(), time.process_time()
+fleet = aggregate.load(sys.argv[1])
+wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+try:
+    import jsonschema_rs  # noqa: F401
+    validator = "jsonschema-rs"
+except ImportError:
+    validator = "jsonschema (pure Python)"
+print(json.dumps({"hosts": len(fleet.hosts), "verdict": fleet.verdict, "wall": wall, "cpu": cpu,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "validator": validator}))
+"""
+
+
+def run_scale(sizes: list[int], check: bool) -> int:
+    """Each fleet size aggregated in a fresh child process: wall, CPU, peak RSS."""
+    root = str(Path(__file__).resolve().parents[1])
+    base = synthetic.base_report()
+    over = False
+    print(f"{'hosts':>7}  {'wall':>8}  {'cpu':>8}  {'peak RSS':>9}  validator")
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
+            directory = synthetic.write(synthetic.build(n, base=base), Path(tmp) / "run")
+            out = subprocess.run([sys.executable, "-c", _CHILD, str(directory), root],
+                                 capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(f"error: aggregating {n} hosts failed: {out.stderr.strip().splitlines()[-1:]}")
+            return 1
+        got = json.loads(out.stdout)
+        assert got["hosts"] == n and got["verdict"] == "PASS", got
+        print(f"{n:7d}  {got['wall']:7.2f}s  {got['cpu']:7.2f}s  {got['rss_mb']:6.0f} MB  {got['validator']}")
+        hosts, goal_s, goal_mb = SCALE_GOAL
+        if n == hosts and (got["wall"] > goal_s or got["rss_mb"] > goal_mb):
+            over = True
+            print(f"  OVER the goal for {hosts} hosts: {goal_s:g} s, {goal_mb:g} MB")
+    return 1 if check and over else 0
 
 
 def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, float]:
@@ -46,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--check", action="store_true", help="exit 1 when over the goal")
+    p.add_argument("--scale", metavar="N,N", help="fleet sizes to aggregate in a child process each")
     args = p.parse_args(argv)
+    if args.scale:
+        try:
+            sizes = [int(n) for n in args.scale.split(",")]
+        except ValueError:
+            p.exit(2, f"error: --scale takes host counts separated by commas, not {args.scale!r}\n")
+        return run_scale(sizes, args.check)
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ import functools
 import gc
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,9 +105,36 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
-def text_problem(doc: Any) -> str | None:
+_JSON_STRING = re.compile(rb'"(?:[^"\\\\]|\\\\.)*"', re.DOTALL)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+# a surrogate reaches a parsed str only from a \\uD800-\\uDFFF escape or from raw bytes ED A0-BF
+# (json.loads decodes bytes with "surrogatepass")
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def plainly_fine(raw: bytes) -> bool:
+    """True when the JSON text `raw` can hold no problem text_problem finds: brackets (outside
+    strings) nested at most MAX_DEPTH deep and nothing that decodes to a surrogate. Done on the bytes
+    with regular expressions, ~50x faster than walking the parsed tree; False means "walk it"."""
+    if json.detect_encoding(raw) != "utf-8" or _MAYBE_SURROGATE.search(raw):
+        return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    for _ in range(MAX_DEPTH):  # each pass strips the innermost pairs: passes = nesting depth
+        brackets, n = _INNERMOST.subn(b"", brackets)
+        if not brackets:
+            return True
+        if n == 0:
+            return False
+    return False
+
+
+def text_problem(doc: Any, raw: bytes | None = None) -> str | None:
     """Nesting deeper than a report has, or a string no renderer can write (a lone surrogate,
-    which JSON's \\u escapes can carry but UTF-8 cannot)."""
+    which JSON's \\u escapes can carry but UTF-8 cannot). `raw`, the JSON text `doc` was parsed
+    from, lets a plainly fine document skip the walk."""
+    if raw is not None and plainly_fine(raw):
+        return None
     stack: list[tuple[Any, int]] = [(doc, 0)]
     while stack:
         node, depth = stack.pop()
@@ -136,7 +164,8 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
         return HostReport(name, None, f"report unreadable: {path.name}: {' '.join(why.split())}", path)
 
     try:
-        doc = json.loads(read_regular(path))
+        raw = read_regular(path)
+        doc = json.loads(raw)
     except OSError as exc:
         return unreadable(exc.strerror or str(exc))
     except RecursionError:
@@ -145,7 +174,7 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
         return unreadable(str(exc)[:200])
     if isinstance(doc, dict) and doc.get("schema") == FLEET_SCHEMA_NAME:
         return None
-    problem = (host_name_problem(name) or text_problem(doc) or (validate or validator())(doc)
+    problem = (host_name_problem(name) or text_problem(doc, raw) or (validate or validator())(doc)
                or report_schema.host_problem(doc["host"]) or report_schema.consistency_problem(doc))
     if problem:
         return unreadable(problem)

@@ -1,0 +1,48 @@
+"""The loader's fast path at fleet scale: a report's text is judged on its bytes (nesting depth,
+anything that decodes to a surrogate) and the parsed tree is walked only when the bytes cannot rule
+a problem out, with the same verdict as the walk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checks.report import load
+
+
+def _nested(n: int, inner: str) -> bytes:
+    return ("[" * n + inner + "]" * n).encode()
+
+
+CASES = [
+    *(_nested(n, inner) for n in range(load.MAX_DEPTH - 2, load.MAX_DEPTH + 4) for inner in ("", "1", '"x"')),
+    *(('{"a":' * n + "{}" + "}" * n).encode() for n in range(load.MAX_DEPTH - 2, load.MAX_DEPTH + 3)),
+    b'["\\ud800"]',  # lone surrogate by escape
+    b'["\\uDFFF", 1]',
+    b'["\xed\xa0\x80"]',  # lone surrogate by raw bytes (json.loads decodes with surrogatepass)
+    b'["\\uD83D\\uDE00"]',  # a pair: fine, but only the walk can tell
+    b'["' + b"[" * 100 + b'"]',  # brackets in a string are not nesting
+    b'{"a\\"[[": [1, {"b": "\\\\ud800"}]}',  # an escaped quote and an escaped backslash
+    '["x"]'.encode("utf-16"),
+    b'{"ok": ["\\u00e9 \xc3\xa9", {"n": null}]}',
+]
+
+
+@pytest.mark.parametrize("raw", CASES, ids=range(len(CASES)))
+def test_fast_path_gives_the_walks_verdict(raw: bytes) -> None:
+    doc = json.loads(raw)
+    walked = load.text_problem(doc)
+    assert load.text_problem(doc, raw) == walked
+    if load.plainly_fine(raw):
+        assert walked is None
+
+
+def test_fast_path_taken_for_plain_reports_and_refused_for_hostile_ones() -> None:
+    assert load.plainly_fine(_nested(load.MAX_DEPTH, "1"))
+    assert not load.plainly_fine(_nested(load.MAX_DEPTH + 1, "1"))
+    deep = _nested(load.MAX_DEPTH + 1, "1")
+    assert "nested more than" in (load.text_problem(json.loads(deep), deep) or "")
+    assert not load.plainly_fine(b'["\\ud800"]')
+    assert load.text_problem(json.loads(b'["\\ud800"]'), b'["\\ud800"]') is not None
+    assert load.plainly_fine(b'{"host": "node0001", "checks": [{"id": "gpu-count", "results": []}]}')
