@@ -93,15 +93,70 @@ def _kept_report(state_dir: Path) -> dict[str, Any] | None:
     return doc
 
 
-def _act_here(node: str, result: Verdict, state_dir: Path, prefix: str, apply: bool) -> None:
+# The per-node path's exit when the drain budget held a drain back (the textfile alerts): the
+# wrappers read it as "acted" (health check and epilog exit 0, the Prolog lets the job run).
+EXIT_HELD = 4
+
+
+def cluster_view(node: str, prefix: str) -> tuple[NodeState, list[str], int]:
+    """One `sinfo` for the whole cluster (the wrappers' deadline counts two Slurm calls): this
+    node's state, the nodes drained with a `<prefix>:` reason now, sorted (an administrator's
+    drains do not count), and how many nodes there are."""
+    out = control.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
+    states: dict[str, NodeState] = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("|", 2)]
+        if len(parts) == 3 and parts[0]:
+            states[parts[0]] = NodeState(parts[1].lower().rstrip("*~#!%$@^-"),
+                                         "" if parts[2] == "none" else parts[2])
+    if node not in states:
+        raise SlurmError(f"sinfo knows no node {node!r}")
+    ours = sorted(n for n, s in states.items() if s.drained and s.reason.startswith(f"{prefix}:"))
+    return states[node], ours, len(states)
+
+
+def drain_allowed(fraction: float, nodes: int) -> int:
+    """How many nodes the per-node path may hold drained with nodecert's reason at once."""
+    return max(1, math.floor(fraction * nodes))
+
+
+def _act_here(node: str, result: Verdict, state_dir: Path, prefix: str, apply: bool,
+              max_fraction: float = 1.0) -> bool:
     """Drain or resume this node; a "Prolog error"/"Epilog error" our wrapper caused counts as
-    ours, and its note is dropped once the node is resumed."""
-    state = node_state(node)
+    ours, and its note is dropped once the node is resumed. A new drain past the cluster-wide
+    budget (max_fraction of the nodes already drained by nodecert) is held back: True.
+
+    Nodes whose runs drain in the same instant (slurmd starts every node's health check
+    together) each find the budget free; so a new drain reads the count again after it. Over
+    the budget, every node that drained just now and is not among the first `allowed` names of
+    nodecert's drained nodes resumes itself: all of them read the same set once all have
+    drained, so the same few stay."""
+    state, drained, nodes = cluster_view(node, prefix)
     ours = gate.caused_slurm_error(state_dir)
     action = decide(node, result, state, prefix, slurm_error_ours=ours)
+    allowed = drain_allowed(max_fraction, nodes)
+    new_drain = action.kind == "drain" and not state.drained
+    if new_drain and len(drained) >= allowed:
+        _held(node, len(drained), nodes, allowed, max_fraction, action.reason)
+        return True
     act(action, apply)
+    if new_drain and apply:
+        _, after, nodes = cluster_view(node, prefix)
+        if len(after) > allowed and node not in after[:allowed]:
+            act(Action("resume", node, "drained together with others past the drain budget"),
+                apply)
+            _held(node, len(after) - 1, nodes, allowed, max_fraction, action.reason)
+            return True
     if action.kind == "resume" and apply and ours:
         gate.forget_slurm_error(state_dir)
+    return False
+
+
+def _held(node: str, drained: int, nodes: int, allowed: int, fraction: float, reason: str | None
+          ) -> None:
+    print(f"{node}: held back by the drain budget: {drained} of {nodes} nodes are drained by "
+          f"nodecert, at most {allowed} at once (--max-drain-fraction {fraction:g}); alerting "
+          f"instead (nodecert_host_healthy 0); would drain: {reason}", file=sys.stderr)
 
 
 def _wrapper_failed(node: str, role: str, exc: BaseException, state_dir: Path, prefix: str,
@@ -150,7 +205,7 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
             gate.clear_marker(state_dir)
             if args.textfile_dir:
                 gate.publish(Path(args.textfile_dir), node, args.level, _kept_report(state_dir))
-        _act_here(node, result, state_dir, args.prefix, args.apply)
+        held = _act_here(node, result, state_dir, args.prefix, args.apply, args.max_drain_fraction)
     except gate.UsageError as exc:  # a configuration error, not a node fault (FAIL_CLOSED)
         with contextlib.suppress(OSError):
             gate.clear_marker(state_dir)
@@ -169,6 +224,8 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
         return _wrapper_failed(node, role, exc, state_dir, args.prefix, args.apply)
     if role == "epilog":
         return 0
+    if held:
+        return EXIT_HELD
     return EXIT_FAIL if result.failed else 0
 
 
@@ -187,7 +244,14 @@ def prolog_run(args: argparse.Namespace) -> int:
         if kept is None or not kept.failed:
             return 0
         print(f"nodecert: this node's last verdict failed: {kept.summary}", file=sys.stderr)
-        act(decide(node, kept, node_state(node), args.prefix), args.apply)
+        state, drained, nodes = cluster_view(node, args.prefix)
+        action = decide(node, kept, state, args.prefix)
+        if (action.kind == "drain" and not state.drained
+                and len(drained) >= drain_allowed(args.max_drain_fraction, nodes)):
+            print(f"{node}: held back by the drain budget ({len(drained)} of {nodes} nodes "
+                  "drained by nodecert): the job runs", file=sys.stderr)
+            return 0
+        act(action, args.apply)
         return EXIT_FAIL
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -215,6 +279,7 @@ WRAPPERS = {
 CONFIG_ID = "nodecert-config"
 FAIL_CLOSED = r"""rc=$?
 [ "$rc" -eq 0 ] && exit 0
+[ "$rc" -eq 4 ] && exit 0  # EXIT_HELD: the drain budget held the drain back; the textfile alerts
 case "$NODE" in  # one node name, as slurm_control.node_name: no range, list or ALL
   ""|[!A-Za-z0-9]*|*[!A-Za-z0-9_.-]*|[Aa][Ll][Ll])
     echo "nodecert: $ROLE run exited $rc; node name '$NODE' is not one Slurm node" >&2; exit 2 ;;
@@ -283,6 +348,12 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
     return written
 
 
+DRAIN_BUDGET_HELP = ("cluster-wide budget: when this share of the nodes (at least one) is "
+                     "already drained with nodecert's reason, a new drain is held back and "
+                     "alerted instead (exit 4; an administrator's drains do not count; "
+                     "default 0.10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m checks.fleet.slurm",
                                 description="Drain failed Slurm nodes, resume the ones nodecert drained.",
@@ -323,11 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
         hc.add_argument("--textfile-dir", metavar="DIR",
                         help="node_exporter textfile directory: write DIR/nodecert.prom "
                              "(atomically) after each run")
+        hc.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
+                        help=DRAIN_BUDGET_HELP)
     pro = sub.add_parser("prolog", parents=[common],
                          help="Prolog: drain this node and exit 1 (Slurm requeues the job) when "
                               "its last verdict failed or its last health check was killed")
     pro.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
     pro.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
+    pro.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
+                     help=DRAIN_BUDGET_HELP)
     sc = sub.add_parser("scripts", parents=[common],
                         help="write nodecert-healthcheck, -prolog and -epilog wrappers for slurm.conf")
     sc.add_argument("directory", metavar="DIR")
@@ -415,9 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from checks.fleet import slurm_batch
 
             return slurm_batch.run(args)
+        if not 0 <= getattr(args, "max_drain_fraction", 0) <= 1:
+            raise InputError("--max-drain-fraction must be between 0 and 1")
         if args.command == "report":
-            if not 0 <= args.max_drain_fraction <= 1:
-                raise InputError("--max-drain-fraction must be between 0 and 1")
             return _report(args)
         args.node = node_name(args.node or local_node(), "--node (or $SLURMD_NODENAME)")
         if args.command == "prolog":

@@ -168,6 +168,48 @@ def test_health_check_with_bad_options_does_not_drain(slurm_env, monkeypatch, tm
     assert slurm_env.node_state("gpu11") == ("idle", "")
 
 
+def test_the_per_node_drain_budget_holds_back_a_mass_drain(slurm_env, monkeypatch, tmp_path,
+                                                            capsys) -> None:
+    """A fault every node reports at once (a wrong --expect-gpus pushed everywhere): with the
+    default budget (10 % of 3 nodes: at least one) the first node drains, the next is held back
+    (exit 4, stays in service) and says so; an administrator's drain does not use the budget."""
+    _drain(slurm_env, "n1", "maintenance: new PSU")
+
+    def check(node: str, *extra: str) -> int:
+        monkeypatch.setenv("SLURMD_NODENAME", node)
+        return slurm.main(["health-check", "--apply", "--state-dir", str(tmp_path / node), *extra,
+                           "--", "--simulate", "fault-xid-79"])
+
+    assert check("gpu07") == 1 and "drain" in slurm_env.node_state("gpu07")[0]
+    capsys.readouterr()
+    assert check("gpu11") == slurm.EXIT_HELD
+    assert slurm_env.node_state("gpu11") == ("idle", "")
+    assert ("gpu11: held back by the drain budget: 1 of 3 nodes are drained by nodecert, at most 1 "
+            "at once") in capsys.readouterr().err
+    assert slurm_env.node_state("n1") == ("drained", "maintenance: new PSU")
+    assert check("gpu11", "--max-drain-fraction", "0.7") == 1  # 2 of 3 allowed
+    assert slurm_env.node_state("gpu11")[1].startswith("NODECERT: GPU005 xid-events")
+
+
+def test_nodes_failing_in_the_same_instant_do_not_all_drain(slurm_env, tmp_path) -> None:
+    """The issue's case: the same fault on all three nodes, their health checks started
+    together. Each drain reads the count again after it; nodes past the budget resume
+    themselves. slurmctld orders the calls, so at least the last node to drain sees the others:
+    never all three stay drained (with a budget of one, usually exactly one does)."""
+    env = {**slurm_env.env(), "PYTHONPATH": str(Path(slurm.__file__).resolve().parents[2])}
+    runs = [subprocess.Popen([sys.executable, "-m", "checks.fleet.slurm", "health-check", "--apply",
+                              "--node", node, "--state-dir", str(tmp_path / node), "--",
+                              "--simulate", "fault-xid-79"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for node in NODES]
+    codes = {node: run.wait(timeout=120) for node, run in zip(NODES, runs, strict=True)}
+    drained = [n for n in NODES if "drain" in slurm_env.node_state(n)[0]]
+    assert 1 <= len(drained) < len(NODES), (codes, drained)
+    for node in set(NODES) - set(drained):
+        assert codes[node] == slurm.EXIT_HELD and slurm_env.node_state(node) == ("idle", "")
+    for node in drained:
+        assert codes[node] == 1
+
+
 def _wait(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
