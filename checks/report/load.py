@@ -105,21 +105,28 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\\\]|\\\\.)*"', re.DOTALL)
+_JSON_STRING = re.compile(rb'"[^"\\\\]*(?:\\\\.[^"\\\\]*)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_BRACKET_OR_QUOTE = bytes(b for b in range(256) if b not in b'[]{}"')
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 # a surrogate reaches a parsed str only from a \\uD800-\\uDFFF escape or from raw bytes ED A0-BF
-# (json.loads decodes bytes with "surrogatepass")
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+# (json.loads decodes bytes with "surrogatepass"; any ED byte takes the walk)
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def plainly_fine(raw: bytes) -> bool:
     """True when the JSON text `raw` can hold no problem text_problem finds: brackets (outside
     strings) nested at most MAX_DEPTH deep and nothing that decodes to a surrogate. Done on the bytes
-    with regular expressions, ~50x faster than walking the parsed tree; False means "walk it"."""
-    if json.detect_encoding(raw) != "utf-8" or _MAYBE_SURROGATE.search(raw):
+    in C (bytes.translate/replace, regular expressions), ~30x faster than walking the parsed tree;
+    False means "walk it"."""
+    if json.detect_encoding(raw) != "utf-8" or _MAYBE_SURROGATE.search(raw) or b"\xed" in raw:
         return False
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    # Without a backslash before a quote, every quote delimits a string. Keep quotes and brackets:
+    # a string without brackets is an adjacent "" pair, removed in one left-to-right pass. A quote
+    # left over (a string holding a bracket) or an escaped quote takes the regular expression.
+    brackets = raw.translate(None, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    if b'"' in brackets or b'\\"' in raw:
+        brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
     for _ in range(MAX_DEPTH):  # each pass strips the innermost pairs: passes = nesting depth
         brackets, n = _INNERMOST.subn(b"", brackets)
         if not brackets:

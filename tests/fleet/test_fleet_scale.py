@@ -24,6 +24,8 @@ CASES = [
     b'["\\uD83D\\uDE00"]',  # a pair: fine, but only the walk can tell
     b'["' + b"[" * 100 + b'"]',  # brackets in a string are not nesting
     b'{"a\\"[[": [1, {"b": "\\\\ud800"}]}',  # an escaped quote and an escaped backslash
+    b'["\\"[\\"", ' + b"[" * 31 + b"]" * 31 + b"]",  # a bracket between escaped quotes is text
+    b'["][", "[", {"]": ["}"]}]',  # brackets in strings and keys
     '["x"]'.encode("utf-16"),
     b'{"ok": ["\\u00e9 \xc3\xa9", {"n": null}]}',
 ]
