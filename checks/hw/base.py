@@ -156,6 +156,10 @@ GPU_FIELDS = (
     # Firmware (checks/node/suite/firmware.py): nvmlDeviceGetVbiosVersion ("96.00.89.00.01") and
     # nvmlDeviceGetInforomImageVersion ("G520.0200.00.05").
     "vbios_version", "inforom_image_version",
+    # What the driver says the GPU needs (nvmlDeviceGetFieldValues,
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): "none" | "gpu_reset" | "node_reboot" | "drain_p2p" |
+    # "drain_and_reset" | "recover_imex_domain" | "bus_reset" | "system_reboot" | "unknown(N)".
+    "recovery_action",
 )
 
 

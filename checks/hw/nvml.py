@@ -245,6 +245,7 @@ class RealGpu(GpuHandle):
             "compute_processes": self._compute_processes,
             "vbios_version": lambda: _text(self._c(n.nvmlDeviceGetVbiosVersion)),
             "inforom_image_version": lambda: _text(self._c(n.nvmlDeviceGetInforomImageVersion)),
+            "recovery_action": self._recovery_action,
         }
 
     def _c(self, fn: Callable[..., Any], *args: Any, what: str | None = None) -> Any:
@@ -350,6 +351,21 @@ class RealGpu(GpuHandle):
         if not links:
             raise NotSupported(f"no NVLink on this GPU ({first_refusal})")
         return links
+
+    def _recovery_action(self) -> str:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues: the action the
+        driver says this GPU needs (nvml.h, nvmlGpuRecoveryAction_t). The field's own return
+        code is translated like a call's; a driver without the field answers NOT_SUPPORTED."""
+        n = self._nvml._n
+        field = getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            raise NotSupported("nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+        label = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+        (value,) = self._c(n.nvmlDeviceGetFieldValues, [field], what=label)
+        if value.nvmlReturn != n.NVML_SUCCESS:
+            raise _translate(n, n.NVMLError(value.nvmlReturn), label)
+        code = int(value.value.uiVal)
+        return RECOVERY_ACTIONS.get(code, f"unknown({code})")
 
     def _nvlink_remote(self, link: int) -> dict[str, str]:
         """What the far end of an active link is: "remote_type" (gpu, switch, ibmnpu, unknown)
@@ -484,6 +500,12 @@ class RealGpu(GpuHandle):
         except KeyError:
             raise KeyError(f"unknown GPU field {field_name!r}") from None
         return getter()
+
+
+# nvmlGpuRecoveryAction_t (nvml.h; the values of nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_*).
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}
 
 
 def _pci(bus_id: str) -> str:

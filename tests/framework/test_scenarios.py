@@ -23,6 +23,7 @@ FAULTS = {
     "fault-ecc-uncorrectable": {"ecc-errors": "FAIL"},
     "fault-row-remap-pending": {"row-remap": "FAIL"},
     "fault-xid-79": {"xid-events": "FAIL"},
+    "fault-gpu-recovery-action": {"gpu-recovery-action": "FAIL"},
     "fault-pcie-x8": {"pcie-link": "FAIL"},
     "fault-thermal-throttle": {"clock-throttle": "FAIL", "gpu-temperature": "FAIL"},
     "fault-nvlink-down": {"nvlink": "FAIL"},

@@ -83,6 +83,9 @@ class FakeGpu:
     nvlinks: list[bool] | None = field(default_factory=lambda: [True] * 18)
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter)
     nvlink_counters_supported: bool = True
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's value (NVML_GPU_RECOVERY_ACTION_*); None: the
+    # field answers NOT_SUPPORTED (a driver before the field)
+    recovery_action: int | None = None
     # far end of every link: an NVML_NVLINK_DEVICE_TYPE_* and a bus id; None: NOT_SUPPORTED
     nvlink_remote_type: int | None = None
     nvlink_remote_bus: str | None = None
@@ -536,6 +539,20 @@ class FakeNvmlLibrary:
         if link >= len(gpu.nvlinks):
             return n.NVML_ERROR_INVALID_ARGUMENT
         _put(out, c_uint, n.NVML_FEATURE_ENABLED if gpu.nvlinks[link] else n.NVML_FEATURE_DISABLED)
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetFieldValues", ctypes.c_int32, P, device=True)
+    def _field_values(self, gpu: FakeGpu, count: int, out: int) -> int:
+        # Each field carries its own return code; the call itself succeeds.
+        values = (n.c_nvmlFieldValue_t * count).from_address(out)
+        for value in values:
+            if (value.fieldId == n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+                    and gpu.recovery_action is not None):
+                value.nvmlReturn = n.NVML_SUCCESS
+                value.valueType = n.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+            else:
+                value.nvmlReturn = n.NVML_ERROR_NOT_SUPPORTED
         return n.NVML_SUCCESS
 
     @_c("nvmlDeviceGetNvLinkRemoteDeviceType", U, P, device=True)

@@ -33,6 +33,7 @@ def open_gpu(fake_nvml: Any, gpu: FakeGpu, **library: Any) -> nvml.RealGpu:
 DISTINCT = dict(
     name="NVIDIA H100 80GB HBM3", uuid="GPU-5b1c2d3e-0000-4000-8000-00000000abcd",
     bus_id="00000000:B3:00.0", serial="1654123456789", memory_total=85_520_809_984,
+    recovery_action=n.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
     compute_capability=(9, 0), persistence=n.NVML_FEATURE_DISABLED,
     ecc_mode=(n.NVML_FEATURE_ENABLED, n.NVML_FEATURE_DISABLED),
     ecc_total={(UNC, VOL): 1, (COR, VOL): 2, (UNC, AGG): 3, (COR, AGG): 4},
@@ -108,6 +109,7 @@ EXPECTED = {
                           {"pid": 777, "name": None, "used_memory_bytes": 2_097_152}],
     "vbios_version": "96.00.74.00.11",
     "inforom_image_version": "G520.0200.00.05",
+    "recovery_action": "drain_and_reset",
 }
 
 
@@ -257,6 +259,12 @@ def test_nvlink_remote_end_switch_or_bridged_peer(fake_nvml: Any) -> None:
                                         nvlink_remote_type=n.NVML_NVLINK_DEVICE_TYPE_GPU,
                                         nvlink_remote_bus="00000000:8B:00.0")).query("nvlink")
     assert {(lk["remote_type"], lk["remote_pci"]) for lk in links} == {("gpu", "0000:8b:00.0")}
+
+
+def test_recovery_action_field_not_supported_is_not_supported(fake_nvml: Any) -> None:
+    # the field's own return code (the call succeeds): a driver before the field
+    with pytest.raises(NotSupported, match="RECOVERY_ACTION"):
+        open_gpu(fake_nvml, FakeGpu()).query("recovery_action")
 
 
 def test_nvlink_not_supported_device(fake_nvml: Any) -> None:

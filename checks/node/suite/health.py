@@ -481,6 +481,45 @@ def compute_mode(ctx: Context) -> Iterator[Result]:
     yield from each_gpu(ctx, measure)
 
 
+# What to do for each action NVML names (nvml.h, nvmlGpuRecoveryAction_t; NVIDIA's XID catalog
+# gives the same remedies per XID). Anything but "none" means the GPU is not fit for work now.
+RECOVERY_REMEDIES = {
+    "gpu_reset": "stop the GPU's processes, then reset it: sudo nvidia-smi -r -i N",
+    "bus_reset": "stop the GPU's processes, then reset it (a bus reset): sudo nvidia-smi -r -i N",
+    "node_reboot": "drain the node and reboot it",
+    "system_reboot": "drain the node and power-cycle it (a warm reboot is not enough)",
+    "drain_p2p": "stop the jobs that use peer-to-peer/NVLink traffic on this GPU (drain), then "
+                 "check again; reset the GPU if the action stays",
+    "drain_and_reset": "drain the node's jobs, then reset the GPU: sudo nvidia-smi -r -i N",
+    "recover_imex_domain": "recover the NVLink domain: restart nvidia-imex on the domain's nodes",
+}
+
+
+@check("gpu-recovery-action", code="GPU015", title="the driver asks for no GPU reset or reboot",
+       needs=DRIVER)
+def gpu_recovery_action(ctx: Context) -> Iterator[Result]:
+    """NVML's recovery action for each GPU (nvmlDeviceGetFieldValues,
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): NONE passes; GPU_RESET, BUS_RESET, NODE_REBOOT,
+    SYSTEM_REBOOT, DRAIN_P2P, DRAIN_AND_RESET and RECOVER_IMEX_DOMAIN FAIL with that remedy,
+    whether or not an XID line reached the kernel log; a value this tool does not know WARNs;
+    a driver without the field SKIPs with the reason."""
+
+    def measure(gpu: Gpu) -> Result:
+        action = str(gpu.handle.query("recovery_action"))
+        if action == "none":
+            return passed("the driver asks for no recovery action", value=action,
+                          expected="none")
+        remedy = RECOVERY_REMEDIES.get(action)
+        if remedy is None:
+            return warn(f"the driver reports recovery action {action}, which this tool does "
+                        "not know", value=action, expected="none",
+                        remedy="see nvidia-smi -q and NVIDIA's XID catalog for the action")
+        return fail(f"the driver says this GPU needs {action.upper()}", value=action,
+                    expected="none", remedy=remedy)
+
+    yield from each_gpu(ctx, measure)
+
+
 @check("mig-mode", code="GPU012", title="MIG mode as expected", needs=DRIVER)
 def mig_mode(ctx: Context) -> Iterator[Result]:
     """Training nodes normally run with MIG off (profile mig.expected)."""
