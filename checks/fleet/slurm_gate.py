@@ -64,6 +64,17 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+REAP_S = 2.0  # how long a killed check run may take to end before the verdict goes without it
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (D: uninterruptible sleep), '?' when unreadable."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 def run_checks(level: str, extra: Sequence[str], timeout_s: float
                ) -> tuple[Verdict, dict[str, Any] | None]:
     """Run `python -m checks` under the deadline; a run that crashes or hangs is a failure too.
@@ -85,7 +96,13 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
-            proc.wait()
+            try:  # drain first, then reap: a process in the kernel (D state) ignores SIGKILL
+                proc.wait(timeout=REAP_S)
+            except subprocess.TimeoutExpired:
+                return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s (timeout: "
+                                     f"killed, but pid {proc.pid} did not end in {REAP_S:g} s, "
+                                     f"state {_proc_state(proc.pid)}: stuck in the kernel; "
+                                     "not reaped)"), None
             return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s (timeout: "
                                  "killed)"), None
         finally:

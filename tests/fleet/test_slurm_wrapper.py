@@ -126,3 +126,32 @@ def test_refused_options_publish_the_host_unhealthy(tmp_path, capsys) -> None:
     published = samples((textfiles / "nodecert.prom").read_text())
     assert [(labels, value) for name, labels, value in published if name == "nodecert_host_healthy"] == [
         (frozenset({("host", "gpu07"), ("level", "quick"), ("profile", "")}), 0.0)]
+
+
+def test_a_check_run_the_kill_cannot_end_is_judged_without_being_reaped(tmp_path, monkeypatch) -> None:
+    """A check stuck in the kernel (D state) ignores SIGKILL and cannot be reaped; the verdict
+    (and so the drain) must not wait for it. D state cannot be made here: the stand-in is a
+    real child the kill does not reach (the group kill is disabled), which a blocking wait()
+    would wait for until the test's own timeout. What this proves: the deadline verdict comes
+    within REAP_S of the deadline and names the process left behind; not that a real D-state
+    process is handled the same (its state letter would read D instead of S)."""
+    import os
+    import signal
+    import time
+
+    from checks.fleet import slurm_gate
+
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 300\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stuck))
+    monkeypatch.setattr(slurm_gate, "_kill_group", lambda pgid: None)
+    started = time.monotonic()
+    result, report = slurm_gate.run_checks("quick", [], timeout_s=1.0)
+    took = time.monotonic() - started
+    assert report is None and result.failed and took < 1.0 + slurm_gate.REAP_S + 2, took
+    assert result.summary.startswith("nodecert-run did not finish in 1 s (timeout: killed, but pid ")
+    assert "stuck in the kernel; not reaped" in result.summary
+    pid = int(result.summary.split("pid ")[1].split()[0])
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
