@@ -241,7 +241,7 @@ class RealGpu(GpuHandle):
             "fabric_info": self._fabric_info,
             "compute_mode": self._compute_mode,
             "minor_number": lambda: int(self._c(n.nvmlDeviceGetMinorNumber)),
-            "memory_used_bytes": lambda: int(self._c(n.nvmlDeviceGetMemoryInfo).used),
+            "memory_used_bytes": self._memory_used,
             "compute_processes": self._compute_processes,
             "vbios_version": lambda: _text(self._c(n.nvmlDeviceGetVbiosVersion)),
             "inforom_image_version": lambda: _text(self._c(n.nvmlDeviceGetInforomImageVersion)),
@@ -351,6 +351,25 @@ class RealGpu(GpuHandle):
         if not links:
             raise NotSupported(f"no NVLink on this GPU ({first_refusal})")
         return links
+
+    def _memory_used(self) -> int:
+        """Memory processes allocated, without what the driver reserves for itself.
+
+        nvmlDeviceGetMemoryInfo (v1) reports `used` as reserved + allocated (nvml.h, nvmlMemory_t),
+        and the driver's reservation is hundreds of MB to about 1 GB on an idle B200/B300, which
+        an occupancy check would read as someone's memory; nvmlDeviceGetMemoryInfo_v2 reports
+        `reserved` apart and `used` as allocated only (nvmlMemory_v2_t). v1 only on a driver
+        without v2."""
+        n = self._nvml._n
+        version = getattr(n, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                return int(self._c(n.nvmlDeviceGetMemoryInfo, version,
+                                   what="nvmlDeviceGetMemoryInfo_v2").used)
+            except NotSupported as exc:
+                if nvml_code(exc) != n.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+        return int(self._c(n.nvmlDeviceGetMemoryInfo).used)
 
     def _recovery_action(self) -> str:
         """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues: the action the

@@ -97,7 +97,10 @@ class FakeGpu:
     minor_number: int = 0
     fabric: FakeFabric | None = None  # None: NOT_SUPPORTED
     lost: bool = False  # nvmlDeviceGetHandleByIndex answers GPU_IS_LOST
-    memory_used: int = 1 << 20  # nvmlDeviceGetMemoryInfo .used
+    memory_used: int = 1 << 20  # allocated by processes: nvmlDeviceGetMemoryInfo_v2 .used
+    # reserved by the driver: v2 .reserved; v1's .used is memory_used + memory_reserved
+    memory_reserved: int = 0
+    memory_v2: bool = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
     # (pid, used GPU memory bytes) per compute process; names: FakeNvmlLibrary.process_names
     processes: list[tuple[int, int]] = field(default_factory=list)
     vbios: str = "96.00.89.00.01"
@@ -315,8 +318,20 @@ class FakeNvmlLibrary:
     @_c("nvmlDeviceGetMemoryInfo", P, device=True)
     def _memory(self, gpu: FakeGpu, out: int) -> int:
         mem = n.c_nvmlMemory_t.from_address(out)
-        mem.total, mem.used = gpu.memory_total, gpu.memory_used
+        mem.total, mem.used = gpu.memory_total, gpu.memory_used + gpu.memory_reserved
         mem.free = gpu.memory_total - mem.used
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetMemoryInfo_v2", P, device=True)
+    def _memory_v2(self, gpu: FakeGpu, out: int) -> int:
+        if not gpu.memory_v2:
+            return n.NVML_ERROR_FUNCTION_NOT_FOUND
+        mem = n.c_nvmlMemory_v2_t.from_address(out)
+        if mem.version != n.nvmlMemory_v2:
+            return n.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        mem.total, mem.reserved, mem.used = (gpu.memory_total, gpu.memory_reserved,
+                                             gpu.memory_used)
+        mem.free = gpu.memory_total - gpu.memory_reserved - gpu.memory_used
         return n.NVML_SUCCESS
 
     # --- occupancy and firmware ---------------------------------------------------------------

@@ -267,6 +267,16 @@ def test_recovery_action_field_not_supported_is_not_supported(fake_nvml: Any) ->
         open_gpu(fake_nvml, FakeGpu()).query("recovery_action")
 
 
+def test_memory_used_leaves_out_the_drivers_reservation(fake_nvml: Any) -> None:
+    """An idle B200: the driver reserves ~700 MiB, no process allocated anything. v1's `used`
+    (reserved + allocated) would read 700 MiB as someone's memory; v2's `used` is 0."""
+    idle = dict(memory_total=192_265_846_784, memory_used=0, memory_reserved=700 << 20)
+    assert open_gpu(fake_nvml, FakeGpu(**idle)).query("memory_used_bytes") == 0
+    # a driver without v2: v1 is all there is
+    assert open_gpu(fake_nvml, FakeGpu(**idle, memory_v2=False)).query(
+        "memory_used_bytes") == 700 << 20
+
+
 def test_nvlink_not_supported_device(fake_nvml: Any) -> None:
     with pytest.raises(NotSupported, match="no NVLink"):
         open_gpu(fake_nvml, FakeGpu(nvlinks=None)).query("nvlink")
