@@ -27,6 +27,11 @@ class NotSupported(HardwareError):
     """The device or driver does not implement this query. Distinct from a failure."""
 
 
+class NoPermission(HardwareError):
+    """The query needs privileges this process lacks (NVML's NO_PERMISSION): nothing is known
+    about the value, and nothing is wrong with the GPU."""
+
+
 class NvmlUnavailable(HardwareError):
     """NVML could not be initialised. `kind` says why: library_missing, driver_not_loaded, ..."""
 

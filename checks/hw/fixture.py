@@ -18,6 +18,7 @@ from checks.hw.base import (
     GpuHandle,
     GpuLost,
     HardwareError,
+    NoPermission,
     NotSupported,
     Nvml,
     NvmlUnavailable,
@@ -43,9 +44,11 @@ from checks.hw.scenario_file import (  # noqa: F401 (the format's names, used wi
 
 
 def _value(raw: Any) -> Any:
-    """Scenario spelling of a failed query: `not_supported` or `{error: text}`."""
+    """Scenario spelling of a failed query: `not_supported`, `no_permission` or `{error: text}`."""
     if raw == "not_supported":
         raise NotSupported("not supported (scenario)")
+    if raw == "no_permission":
+        raise NoPermission("Insufficient Permissions (scenario: NVML's NO_PERMISSION)")
     if isinstance(raw, dict) and set(raw) == {"error"}:
         raise HardwareError(str(raw["error"]))
     return raw

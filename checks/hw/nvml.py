@@ -23,7 +23,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from checks.hw.base import GpuHandle, GpuLost, HardwareError, NotSupported, Nvml, NvmlUnavailable
+from checks.hw.base import (
+    GpuHandle,
+    GpuLost,
+    HardwareError,
+    NoPermission,
+    NotSupported,
+    Nvml,
+    NvmlUnavailable,
+)
 
 # Seconds one NVML call may take before it is abandoned. Healthy calls take micro- to
 # milliseconds; nvmlInit on a large node can take seconds, so the bound is generous.
@@ -177,6 +185,8 @@ def _translate(n: Any, exc: Any, label: str) -> HardwareError:
         err = GpuLost(f"{label}: {exc}")
     elif code == n.NVML_ERROR_INVALID_ARGUMENT:
         err = InvalidArgument(f"{label}: {exc}")
+    elif code == n.NVML_ERROR_NO_PERMISSION:
+        err = NoPermission(f"{label}: {exc}")
     else:
         err = HardwareError(f"{label}: {exc}")
     err.nvml_code = code  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ LOST = "0000:5d:00.0"
 # Checks that give one result per NVML GPU.
 PER_GPU = ("persistence-mode", "ecc-errors", "retired-pages", "row-remap", "pcie-link",
            "clock-throttle", "gpu-temperature", "gpu-power", "nvlink", "mig-mode", "compute-mode",
-           "gpu-occupied", "gpu-firmware")
+           "gpu-occupied", "gpu-firmware", "gpu-recovery-action")
 BAD = W("FAIL", "ERROR")
 KERNEL_LOG = ("xid-events", "nvswitch-sxid", "pcie-aer")  # the checks that read the kernel log
 
@@ -49,6 +49,9 @@ CASES = [
          {"nvlink": {"0000:33:00.0": "FAIL", "0000:8b:00.0": "FAIL"}}),
     # The bridged pair copying at PCIe speed is judged as NVLink (its links name each other).
     Case("node-h100-nvl-pair-pcie-speed", {"p2p-bandwidth": "FAIL"}, args=("--level", "standard")),
+    # MIG parent handle, unprivileged: GPU 0's process list refused, not judgeable (no ERROR).
+    Case("node-mig-processes-no-permission", {"mig-mode": "WARN"},
+         {"gpu-occupied": {"0000:18:00.0": "SKIP"}}),
     Case("node-container-2of8",
          {**dict.fromkeys(KERNEL_LOG, "ERROR"), "fabric-manager": W("SKIP", "WARN", "PASS")}),
     Case("node-slurm-nodevfiles", {"gpu-count": "FAIL"}),

@@ -12,7 +12,14 @@ import pytest
 from fakenvml import HANG, FakeFabric, FakeGpu, FakeNvmlLibrary
 
 from checks.hw import nvml
-from checks.hw.base import GPU_FIELDS, GpuLost, HardwareError, NotSupported, NvmlUnavailable
+from checks.hw.base import (
+    GPU_FIELDS,
+    GpuLost,
+    HardwareError,
+    NoPermission,
+    NotSupported,
+    NvmlUnavailable,
+)
 from checks.hw.linux import LinuxBackend
 from checks.node.context import Context, Options
 from checks.profiles import load as load_profile
@@ -143,7 +150,7 @@ def test_unknown_field_is_a_key_error(fake_nvml: Any) -> None:
 @pytest.mark.parametrize("code,kind,text", [
     (n.NVML_ERROR_NOT_SUPPORTED, NotSupported, "Not Supported"),
     (n.NVML_ERROR_GPU_IS_LOST, GpuLost, "GPU is lost"),
-    (n.NVML_ERROR_NO_PERMISSION, HardwareError, "Insufficient Permissions"),
+    (n.NVML_ERROR_NO_PERMISSION, NoPermission, "Insufficient Permissions"),
     (n.NVML_ERROR_UNKNOWN, HardwareError, "Unknown Error"),
     (n.NVML_ERROR_CORRUPTED_INFOROM, HardwareError, "Corrupted infoROM"),
     (n.NVML_ERROR_INSUFFICIENT_SIZE, HardwareError, "Insufficient Size"),
@@ -235,7 +242,7 @@ def test_nvlink_enumeration_ends_at_invalid_argument(fake_nvml: Any) -> None:
 
 @pytest.mark.parametrize("code,kind", [
     (n.NVML_ERROR_UNKNOWN, HardwareError),
-    (n.NVML_ERROR_NO_PERMISSION, HardwareError),
+    (n.NVML_ERROR_NO_PERMISSION, NoPermission),
     (n.NVML_ERROR_GPU_IS_LOST, GpuLost),
     (n.NVML_ERROR_TIMEOUT, HardwareError),
 ])
@@ -275,6 +282,14 @@ def test_memory_used_leaves_out_the_drivers_reservation(fake_nvml: Any) -> None:
     # a driver without v2: v1 is all there is
     assert open_gpu(fake_nvml, FakeGpu(**idle, memory_v2=False)).query(
         "memory_used_bytes") == 700 << 20
+
+
+def test_no_permission_is_its_own_error(fake_nvml: Any) -> None:
+    # a MIG parent handle's process list for an unprivileged caller
+    gpu = open_gpu(fake_nvml, FakeGpu(errors={
+        "nvmlDeviceGetComputeRunningProcesses_v3": n.NVML_ERROR_NO_PERMISSION}))
+    with pytest.raises(NoPermission):
+        gpu.query("compute_processes")
 
 
 def test_nvlink_not_supported_device(fake_nvml: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from checks.hw.base import NotSupported
+from checks.hw.base import NoPermission, NotSupported
 from checks.model import Result, Status, fail, passed, skip, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
@@ -54,7 +54,8 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     A process in a Slurm job's cgroup (/proc/PID/cgroup, see Backend.process_slurm_job) is the
     job Slurm placed there, not a stray: a GPU that only jobs hold SKIPs as busy, naming the job
     (the health check slurmd runs during jobs must not drain the node for its own job); other
-    processes beside a job's are still judged."""
+    processes beside a job's are still judged. A GPU whose process list NVML refuses for lack
+    of privileges (NO_PERMISSION: a MIG-enabled GPU's parent handle) SKIPs as not judgeable."""
     p = ctx.profile
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
@@ -78,6 +79,11 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
             procs: list[dict[str, Any]] | None = list(q("compute_processes"))
         except NotSupported:
             procs = None  # e.g. vGPU guests; the memory figure still tells
+        except NoPermission as exc:
+            # In MIG mode the parent GPU's process list needs privileges (nvml.h,
+            # nvmlDeviceGetComputeRunningProcesses): unknown, not broken.
+            return skip(f"not judgeable: NVML refuses this GPU's process list without "
+                        f"privileges ({exc}); run as root, or query the MIG devices")
         details: dict[str, Any] = {"memory_used_bytes": used, "memory_total_bytes": total,
                                    "processes": procs}
         others = [pr for pr in procs or [] if pr["pid"] not in own]
