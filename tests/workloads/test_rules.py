@@ -57,3 +57,27 @@ def test_derived_threshold_prefers_nvlink_then_pcie() -> None:
 
 def test_shm_need_counts_every_rank_worker_and_prefetched_batch() -> None:
     assert rules.shm_needed(batch_bytes=10, workers=8, prefetch=2, ranks=8) == 8 * 17 * 10
+
+
+def test_busbw_floor_comes_from_the_gpus_the_ranks_run_on() -> None:
+    """CUDA_VISIBLE_DEVICES=6,7 on an 8-GPU node whose GPU 0 has half its NVLinks down: a
+    2-rank all-reduce runs on GPUs 6 and 7 (18 links each), so the derived floor is theirs, not
+    GPU 0's and GPU 1's."""
+    from checks import profiles
+    from checks.hw.fixture import FixtureBackend, load_scenario
+    from checks.node.context import Context, Options
+    from checks.node.suite.collective import busbw_threshold
+
+    data = load_scenario("h100-sxm-8x-healthy")
+    data["gpus"][0] = {**data["gpus"][0], "nvlink": {"links": 18, "inactive": list(range(9))}}
+
+    def floor(env: dict[str, str]) -> float:
+        data["host"] = {**data["host"], "env": env}
+        ctx = Context(FixtureBackend(data), profiles.load("generic"), Options(level="quick"))
+        threshold = busbw_threshold(ctx, 2)
+        assert threshold is not None
+        return threshold.value
+
+    full = floor({"CUDA_VISIBLE_DEVICES": "6,7"})
+    assert full == pytest.approx(18 * 25 * 0.7)  # generic: 25 GB/s per link x 0.7
+    assert floor({}) == pytest.approx(9 * 25 * 0.7)  # unset: GPUs 0 and 1, GPU 0 half down

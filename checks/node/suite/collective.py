@@ -37,7 +37,10 @@ def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
         return rules.Threshold(float(figure), f"profile {p.name} thresholds.allreduce_busbw_gbs"
                                               f" ({per_node or nranks} GPUs)")
     try:
-        gpus = ctx.gpus[:nranks]
+        # The GPUs the ranks run on: CUDA_VISIBLE_DEVICES' selection (NVML indices, in its
+        # order), not the first N in NVML order.
+        visible = ctx.cuda_visible().indices
+        gpus = ([ctx.gpus[i] for i in visible] if visible is not None else ctx.gpus)[:nranks]
     except HardwareError:
         gpus = []
     if not gpus:
