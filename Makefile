@@ -28,15 +28,23 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 
 venv: $(RUN_DEPS) $(DEV_DEPS)
 
+# The user's values reach the recipes as environment variables, never pasted into the shell
+# command: `LEVEL='quick;touch /tmp/p'` is a bad level (exit 2), not a second command. ARGS is
+# split into words (globbing off) and nothing in it is run.
+export INVENTORY LEVEL ARGS CHECK
+
 ifeq ($(INVENTORY),)
 verify: $(RUN_DEPS)
-	$(PY) -m checks --level $(LEVEL) $(ARGS)
+	set -f; exec $(PY) -m checks --level "$$LEVEL" $$ARGS
 else
 # A missing, unparsable or empty inventory (or a host name that is not one node name) is a usage
 # error: ansible-playbook would skip every play and pass.
 verify: inventory-exists $(DEV_DEPS)
-	@$(PY) -m checks.fleet.ansible_inventory "$(INVENTORY)" gpu_nodes
-	$(VENV)/bin/ansible-playbook -i "$(INVENTORY)" playbooks/verify.yml -e verify_level=$(LEVEL) $(ARGS)
+	@case "$$LEVEL" in quick|standard|burn-in) ;; \
+	  *) echo "error: LEVEL must be quick, standard or burn-in (got '$$LEVEL')" >&2; exit 2;; esac
+	@$(PY) -m checks.fleet.ansible_inventory "$$INVENTORY" gpu_nodes
+	set -f; exec $(VENV)/bin/ansible-playbook -i "$$INVENTORY" playbooks/verify.yml \
+	  -e "verify_level=$$LEVEL" $$ARGS
 endif
 
 # System packages the tests need (debootstrap, gpg, ...): installed when root or passwordless
@@ -57,12 +65,17 @@ lint: $(DEV_DEPS)
 	$(VENV)/bin/mypy checks trainer
 	cd playbooks && $(abspath $(VENV))/bin/ansible-lint --profile production
 
-# Never falls back to the implicit localhost: no inventory file is a usage error.
+# Never falls back to the implicit localhost: no inventory file is a usage error. A named file
+# that is not there is most likely a typo: the nearest names in its directory are suggested.
 inventory-exists:
-	@test -f "$(or $(INVENTORY),inventory)" || { echo "error: no inventory file '$(or $(INVENTORY),inventory)'; copy inventory.example to inventory, list your GPU hosts, then run: make provision INVENTORY=inventory" >&2; exit 2; }
+	@inv="$${INVENTORY:-inventory}"; test -f "$$inv" && exit 0; \
+	if [ -z "$$INVENTORY" ]; then echo "error: no inventory file 'inventory'; copy inventory.example to inventory, list your GPU hosts, then run: make provision INVENTORY=inventory" >&2; exit 2; fi; \
+	near=$$($(PYTHON) .ci/near_files.py "$$inv" 2>/dev/null); \
+	echo "error: inventory file '$$inv' does not exist$${near:+ (did you mean $$near?)}; to start one, copy inventory.example" >&2; exit 2
 
 provision: inventory-exists $(DEV_DEPS)
-	$(VENV)/bin/ansible-playbook -i "$(or $(INVENTORY),inventory)" playbooks/provision.yml $(if $(CHECK),--check --diff) $(ARGS)
+	set -f; exec $(VENV)/bin/ansible-playbook -i "$${INVENTORY:-inventory}" playbooks/provision.yml \
+	  $${CHECK:+--check --diff} $$ARGS
 
 bench: $(DEV_DEPS)
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

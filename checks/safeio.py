@@ -11,6 +11,9 @@ Every report, HTML page, JUnit file and textfile goes through `write_text`:
     report take turns;
   - on any failure (full disk, read-only directory, ...) the temporary is removed and the
     OSError raised, for the CLI to print as one line with exit 2.
+  - only a regular file is ever replaced: an existing target that is a symlink, device node,
+    FIFO or directory is refused (as root, `--json /dev/null` would otherwise turn /dev/null into
+    a 0600 regular file), and so is an empty name.
 `confined(directory, name)` turns a name that comes from data (a host name) into a path that
 cannot leave `directory`.
 """
@@ -18,8 +21,10 @@ cannot leave `directory`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +55,22 @@ def _dir_lock(directory: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def _refuse_unless_regular(text: str, path: Path) -> None:
+    if not text:
+        raise OSError(errno.EINVAL, "empty file name", text)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # unreadable parent etc.: the write below fails and says why
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise OSError(errno.EEXIST, f"{kind}; only regular files are replaced", text)
+
+
 def write_bytes(path: str | Path, data: bytes, *, mode: int = PRIVATE) -> Path:
+    _refuse_unless_regular(os.fspath(path), Path(path))
     path = Path(path)
     try:
         return _write(path, data, mode)

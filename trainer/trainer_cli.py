@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"samples per rank or per micro-batch (default {d.batch_size})")
     p.add_argument("--lr", type=cliutil.number(float, above=0), default=d.lr)
     p.add_argument("--hidden", type=cliutil.number(int, minimum=1), default=d.hidden, help="MLP width")
-    p.add_argument("--seed", type=cliutil.number(int, minimum=0), default=d.seed)
+    # torch.Generator.manual_seed takes a 64-bit seed; the sampler adds the epoch to it
+    p.add_argument("--seed", type=cliutil.number(int, minimum=0, maximum=2**62), default=d.seed)
     p.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype)
     p.add_argument("--rtol", type=cliutil.number(float, minimum=0),
                    help="relative tolerance (default per dtype)")
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sup.add_argument("--node-rank", type=cliutil.number(int, minimum=0))
     sup.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
     sup.add_argument("--rdzv-id", default="nodecert-train")
-    sup.add_argument("--json", metavar="FILE", help="write the reports as JSON ('-' for stdout)")
+    sup.add_argument("--json", type=cliutil.output_file, metavar="FILE",
+                     help="write the reports as JSON ('-' for stdout)")
     p.add_argument("--config-json", help=argparse.SUPPRESS)
     p.add_argument("--pg-timeout", type=cliutil.number(float, above=0), default=120.0, help=argparse.SUPPRESS)
     return p
@@ -208,7 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{suite.duration_s:.1f} s")
     for r in reports:
         print(format_report(r))
-    _write_json(args.json, reports)
+    try:
+        _write_json(args.json, reports)
+    except OSError as exc:  # read-only or full disk, a directory: one line, not a traceback
+        print(f"error: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
     return exit_status(reports)
 
 

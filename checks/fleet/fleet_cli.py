@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='JSON object {"host": "reason"} for hosts without a report, e.g. '
                         '"unreachable", "checks crashed: exit 137"')
     r.add_argument("--run-id", metavar="ID", help="run id (default: the reports' run_id, else DIR's name)")
-    r.add_argument("--json", metavar="FILE", help="write the fleet summary (schema/fleet.schema.json)")
-    r.add_argument("--html", metavar="FILE", help="write the self-contained HTML report")
-    r.add_argument("--junit", metavar="FILE", help="write JUnit XML (a test suite per host)")
+    r.add_argument("--json", type=cliutil.output_file, metavar="FILE",
+                   help="write the fleet summary (schema/fleet.schema.json)")
+    r.add_argument("--html", type=cliutil.output_file, metavar="FILE",
+                   help="write the self-contained HTML report")
+    r.add_argument("--junit", type=cliutil.output_file, metavar="FILE",
+                   help="write JUnit XML (a test suite per host)")
     r.add_argument("--prometheus-dir", metavar="DIR",
                    help="write nodecert-fleet.prom, the bounded fleet summary (a node_exporter "
                         "textfile); each node publishes its own metrics with python -m checks "
@@ -78,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
     r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
     r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+    r.add_argument("--format", choices=("table", "compact"), default=None,
+                   help="terminal summary: tables, or one line per host and check not passed, for "
+                        "logs (default: table on a terminal, compact when stdout is not one)")
     return p
 
 
@@ -213,7 +220,10 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
         outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir,
                                               host_files=args.prometheus_host_files))
     if not args.quiet:
-        terminal.render(fleet, console, verbose=args.verbose)
+        if (args.format or ("table" if console.is_terminal else "compact")) == "compact":
+            terminal.render_compact(fleet, console)
+        else:
+            terminal.render(fleet, console, verbose=args.verbose)
         if cross is not None:
             _render_crosshost(cross, console)
         for path in outputs if len(outputs) < 8 else []:
@@ -233,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(args, console, err)
     except (UsageError, ImportError, safeio.UnsafePath) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        return EXIT_USAGE
+    except sqlite3.Error as exc:  # --history names a file sqlite cannot open or is not a database
+        err.print(f"error: history database {args.history or ''}: {exc}".replace(" :", ":"),
+                  highlight=False, markup=False, soft_wrap=True)
         return EXIT_USAGE
     except OSError as exc:
         err.print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
+import math
+import os
 import re
 import socket
 import sys
@@ -41,7 +44,23 @@ def parse_duration(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 10m, 1h)")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:  # 0 s measures nothing; inf is not JSON
+        raise argparse.ArgumentTypeError(f"duration must be more than 0 and finite: {text!r}")
+    return seconds
+
+
+def _driver(text: str) -> str:
+    """--expect-driver: a branch ("580") or a full version ("580.95.05"), as the expectations file."""
+    if not expectations.DRIVER.match(text):
+        raise argparse.ArgumentTypeError(f"must look like 580 or 580.95.05: {text!r}")
+    return text
+
+
+def _cuda(text: str) -> str:
+    if not expectations.CUDA.match(text):
+        raise argparse.ArgumentTypeError(f"must look like 12.8: {text!r}")
+    return text
 
 
 def _names(values: list[str] | None) -> list[str]:
@@ -72,12 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "ignores --level")
     p.add_argument("--skip", action="append", metavar="ID|TAG",
                    help="do not run these checks (ids or tags, comma-separated, repeatable)")
-    p.add_argument("--json", metavar="FILE",
+    p.add_argument("--json", type=cliutil.output_file, metavar="FILE",
                    help="JSON report path (default: reports/<hostname>.json); '-' for stdout")
     p.add_argument("--no-json", action="store_true", help="do not write a JSON report")
-    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML here")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report here")
-    p.add_argument("--prometheus", metavar="FILE",
+    p.add_argument("--junit", type=cliutil.output_file, metavar="FILE",
+                   help="also write JUnit XML here")
+    p.add_argument("--html", type=cliutil.output_file, metavar="FILE",
+                   help="also write a self-contained HTML report here")
+    p.add_argument("--prometheus", type=cliutil.output_file, metavar="FILE",
                    help="also write node_exporter textfile metrics (.prom) here, atomically")
     p.add_argument("--simulate", metavar="FILE|NAME",
                    help="read the hardware from a scenario file (YAML/JSON) instead of this "
@@ -90,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-gpu-ids", type=_gpu_ids, metavar="ID[,ID]",
                    help="PCI IDs (vendor:device, as lspci -n prints them) every GPU must have, "
                         "e.g. 10de:2330 for H100 SXM: the model provisioning saw")
-    p.add_argument("--expect-driver", metavar="VERSION",
+    p.add_argument("--expect-driver", type=_driver, metavar="VERSION",
                    help="driver branch (e.g. 580) or exact version the host must run")
-    p.add_argument("--expect-cuda", metavar="X.Y",
+    p.add_argument("--expect-cuda", type=_cuda, metavar="X.Y",
                    help="minimum CUDA version the driver must support")
     p.add_argument("--expect-nvlink", type=cliutil.number(int, minimum=0), metavar="N",
                    help="NVLink links that must be up on every GPU (default: inferred from the "
@@ -231,6 +252,9 @@ def _provisioned(args: argparse.Namespace) -> expectations.Expectations:
     """What provisioning installed (checks/node/expectations.py); a scenario is not this node."""
     if args.simulate:
         return expectations.Expectations()
+    named = os.environ.get(expectations.ENV)
+    if named and not os.path.exists(named):  # a typo must not mean "expect nothing"
+        raise UsageError(f"{expectations.ENV}={named}: no such file")
     try:
         return expectations.load()
     except expectations.ExpectationsError as exc:
@@ -308,12 +332,35 @@ def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, console: Conso
         terminal.render(doc, console, verbose=args.verbose)
 
 
+def _check_names(flag: str, names: list[str]) -> None:
+    """Every --only/--skip name is a check id or tag; a level name or a typo selects nothing and
+    the run would PASS having checked nothing. The nearest id or tag is suggested."""
+    checks = registry.load_all().values()
+    known = sorted({c.id for c in checks} | {t for c in checks for t in c.tags})
+    for name in names:
+        if name in known:
+            continue
+        if name in registry.LEVELS:
+            raise UsageError(f"{flag} {name}: '{name}' is a level, not a check id or tag "
+                             f"(use --level {name})")
+        near = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise UsageError(f"{flag}: unknown check id or tag: {name} ({hint}see --list)")
+
+
+def _select(args: argparse.Namespace) -> list[Any]:
+    only, skip = _names(args.only), _names(args.skip)
+    _check_names("--only", only)
+    _check_names("--skip", skip)
+    selected = registry.select(args.level, only, skip)
+    if not selected:
+        raise UsageError("--only/--skip select no check: nothing would be checked")
+    return selected
+
+
 def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     args.level = args.level or ("burn-in" if args.budget else "standard")
-    try:
-        selected = registry.select(args.level, _names(args.only), _names(args.skip))
-    except KeyError as exc:
-        raise UsageError(f"unknown check id or tag: {exc.args[0]} (see --list)") from None
+    selected = _select(args)
     selected, plan, hw = _plan(args, selected)
     if args.list:
         return _list(console, selected, plan)
