@@ -82,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
     r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
     r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
-    r.add_argument("--format", choices=("table", "compact"), default=None,
-                   help="terminal summary: tables, or one line per host and check not passed, for "
-                        "logs (default: table on a terminal, compact when stdout is not one)")
+    r.add_argument("--format", choices=("table", "compact"), default="table",
+                   help="terminal summary: tables (default), or compact: one line per host and check "
+                        "not passed, for logs")
     return p
 
 
@@ -220,7 +220,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
         outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir,
                                               host_files=args.prometheus_host_files))
     if not args.quiet:
-        if (args.format or ("table" if console.is_terminal else "compact")) == "compact":
+        if args.format == "compact":
             terminal.render_compact(fleet, console)
         else:
             terminal.render(fleet, console, verbose=args.verbose)

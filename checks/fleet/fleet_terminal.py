@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +13,7 @@ from checks.render.terminal import STYLE as CHECK_STYLE
 from checks.render.terminal import plain
 from checks.report.aggregate import Fleet
 from checks.report.fabric_summary import summarise
+from checks.report.figures import GpuRef
 
 STYLE = {**CHECK_STYLE, "MISSING": "bold red"}
 LISTED = 6  # hosts named per check before "+N more"
@@ -109,3 +111,60 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
     style = "bold red" if fleet.verdict == "FAIL" else "bold green"
     console.print(plain(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}",
                         style=style))
+
+
+_SEE = re.compile(r"\(see ([a-z0-9][a-z0-9-]*)\)$")
+
+
+def _fault_lines(host: str, checks: list[dict[str, Any]]) -> list[str]:
+    """One line per check not passed; a check whose every bad result only points at another
+    failing check ("not measured: ... (see gpu-count)") is folded into that check's line."""
+    rows: list[tuple[str, str, str]] = []  # check id, line, the check it defers to
+    for chk in checks:
+        bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
+        if not bad:
+            continue
+        worst = max(bad, key=lambda r: ("WARN", "ERROR", "FAIL").index(r["status"]))
+        gpus = sorted({ref.label() for r in bad if (ref := GpuRef.from_device(r.get("device")))})
+        where = f" {','.join(gpus)}" if gpus else ""
+        code = f" [{worst['fault_code']}]" if worst.get("fault_code") else ""
+        causes = {m.group(1) if (m := _SEE.search(r["message"].strip())) else "" for r in bad}
+        cause = causes.pop() if len(causes) == 1 else ""
+        line = f"{worst['status']} {host} {chk['id']}{where}{code}: {worst['message']}"
+        rows.append((chk["id"], line, cause))
+    failing = {check for check, _, _ in rows}
+    folded: dict[str, list[str]] = {}
+    for check, _, cause in rows:
+        if cause in failing and cause != check:
+            folded.setdefault(cause, []).append(check)
+    lines = []
+    for check, line, cause in rows:
+        if cause in failing and cause != check:
+            continue
+        under = folded.get(check, [])
+        lines.append(f"{line}" + (f" (+{len(under)} checks not measured because of it: {', '.join(under)})"
+                                   if under else ""))
+    return lines
+
+
+def compact_lines(fleet: Fleet) -> list[str]:
+    """The fleet for a log: one line per host and check not passed (worst result, its GPUs and
+    fault code; checks not measured because of another one folded into its line), one per fleet
+    finding, one per host without a report, then the verdict. Text from reports is flattened."""
+    def one_line(text: str) -> str:
+        return " ".join(text.split())
+
+    lines: list[str] = []
+    for h in fleet.hosts:
+        if h.report is None and h.status != "PASS":
+            lines.append(one_line(f"{h.status} {h.host}: {h.reason or 'no report'}"))
+        lines.extend(one_line(line) for line in _fault_lines(h.host, (h.report or {}).get("checks", [])))
+        lines.extend(one_line(f"{f.status} {h.host} {f.kind}: {f.reason}") for f in h.findings)
+    counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")
+    lines.append(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}")
+    return lines
+
+
+def render_compact(fleet: Fleet, console: Console) -> None:
+    for line in compact_lines(fleet):
+        console.print(plain(line), soft_wrap=True)

@@ -48,3 +48,27 @@ def test_fast_path_taken_for_plain_reports_and_refused_for_hostile_ones() -> Non
     assert not load.plainly_fine(b'["\\ud800"]')
     assert load.text_problem(json.loads(b'["\\ud800"]'), b'["\\ud800"]') is not None
     assert load.plainly_fine(b'{"host": "node0001", "checks": [{"id": "gpu-count", "results": []}]}')
+
+
+def test_compact_form_for_logs(tmp_path, h100_report, capsys) -> None:
+    """--format compact, for logs: one line per host and check not passed; a lost GPU is a
+    handful of lines (its dependent checks folded under the cause), not a table of dozens."""
+    from checks.devtools import synthetic
+    from checks.fleet.fleet_cli import main
+
+    lost = synthetic.build(1, base=synthetic.base_report("node-gpu-lost", level="standard"), run_id="r1")[0]
+    lost["host"] = "node0009"
+    run = synthetic.write([*synthetic.build(3, base=h100_report, run_id="r1"), lost], tmp_path / "r1")
+    argv = ["report", str(run), "--no-history", "--expect-hosts", "node0000,node0005"]
+    assert main([*argv, "--format", "compact"]) == 1
+    compact = capsys.readouterr().out.splitlines()
+    assert main([*argv, "--format", "table"]) == 1
+    table = capsys.readouterr().out.splitlines()
+    assert compact[-1].startswith("FAIL  run r1: 5 hosts")
+    assert "MISSING node0005: no report" in compact
+    faults = [line for line in compact[:-1] if line.startswith(("FAIL", "ERROR", "WARN"))]
+    assert faults and all(" node0009 " in line for line in faults)
+    assert len(compact) <= 6 < 25 < len(table)
+    cause = next(line for line in faults if " gpu-count GPU3 " in line)  # the lost GPU's own check
+    assert cause.startswith("FAIL") and "+15 checks not measured because of it: torch-arch," in cause
+    assert not [line for line in faults if "(see gpu-count)" in line]  # folded, not listed
