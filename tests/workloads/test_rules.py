@@ -81,3 +81,16 @@ def test_busbw_floor_comes_from_the_gpus_the_ranks_run_on() -> None:
     full = floor({"CUDA_VISIBLE_DEVICES": "6,7"})
     assert full == pytest.approx(18 * 25 * 0.7)  # generic: 25 GB/s per link x 0.7
     assert floor({}) == pytest.approx(9 * 25 * 0.7)  # unset: GPUs 0 and 1, GPU 0 half down
+
+
+def test_busbw_floor_says_at_which_size_it_is_judged() -> None:
+    from checks import profiles
+    from checks.hw.fixture import FixtureBackend, load_scenario
+    from checks.node.context import Context, Options
+    from checks.node.suite.collective import busbw_threshold
+
+    ctx = Context(FixtureBackend(load_scenario("h100-sxm-8x-healthy")), profiles.load("h100-sxm"),
+                  Options(level="quick"))
+    threshold = busbw_threshold(ctx, 8)
+    assert threshold is not None and threshold.value == 400
+    assert "judged on the peak busbw of sizes up to 256 MiB" in threshold.source

@@ -33,9 +33,13 @@ def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
     p = ctx.profile
     figure = p.get("thresholds.allreduce_busbw_gbs")
     per_node = p.get("gpus_per_node")
+    # The floor is judged against the peak of the GPU sweep, whose largest size is below where
+    # NVLS reaches its own peak on 8 NVSwitch GPUs (2-8 GiB): the source says at which size.
+    top = int((p.get("collective.sweep_gpu") or {}).get("max_bytes") or 0)
+    judged = f", judged on the peak busbw of sizes up to {top / 2 ** 20:g} MiB" if top else ""
     if figure is not None and (per_node is None or int(per_node) == nranks):
         return rules.Threshold(float(figure), f"profile {p.name} thresholds.allreduce_busbw_gbs"
-                                              f" ({per_node or nranks} GPUs)")
+                                              f" ({per_node or nranks} GPUs{judged})")
     try:
         # The GPUs the ranks run on: CUDA_VISIBLE_DEVICES' selection (NVML indices, in its
         # order), not the first N in NVML order.
