@@ -280,6 +280,9 @@ CONFIG_ID = "nodecert-config"
 FAIL_CLOSED = r"""rc=$?
 [ "$rc" -eq 0 ] && exit 0
 [ "$rc" -eq 4 ] && exit 0  # EXIT_HELD: the drain budget held the drain back; the textfile alerts
+[ "$rc" -eq 3 ] && exit 3  # the run found Slurm unreachable: Slurm drains a Prolog/Epilog node
+# scontrol retries a missing slurm.conf for 60 s: no call that cannot succeed
+[ -z "${SLURM_CONF:-}" ] || [ -r "$SLURM_CONF" ] || exit 3
 case "$NODE" in  # one node name, as slurm_control.node_name: no range, list or ALL
   ""|[!A-Za-z0-9]*|*[!A-Za-z0-9_.-]*|[Aa][Ll][Ll])
     echo "nodecert: $ROLE run exited $rc; node name '$NODE' is not one Slurm node" >&2; exit 2 ;;

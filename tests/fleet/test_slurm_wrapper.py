@@ -84,6 +84,13 @@ def test_a_passing_run_calls_no_slurm_tool(tmp_path) -> None:
     assert _run(wrappers, "nodecert-healthcheck").returncode == 0 and not log.exists()
 
 
+def test_a_run_that_found_slurm_unreachable_is_not_retried(tmp_path) -> None:
+    """Exit 3 (sinfo/scontrol failed in the run): the wrapper exits 3 at once, no call of its own
+    (scontrol retries a missing slurm.conf for 60 s, past slurmd's limits)."""
+    wrappers, log = _setup(tmp_path, 3, "IDLE")
+    assert _run(wrappers, "nodecert-prolog").returncode == 3 and not log.exists()
+
+
 def test_when_scontrol_cannot_drain_the_wrapper_exits_3(tmp_path) -> None:
     wrappers, log = _setup(tmp_path, 2, "IDLE")
     (tmp_path / "refuse").touch()
