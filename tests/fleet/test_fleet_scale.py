@@ -72,3 +72,32 @@ def test_compact_form_for_logs(tmp_path, h100_report, capsys) -> None:
     cause = next(line for line in faults if " gpu-count GPU3 " in line)  # the lost GPU's own check
     assert cause.startswith("FAIL") and "+15 checks not measured because of it: torch-arch," in cause
     assert not [line for line in faults if "(see gpu-count)" in line]  # folded, not listed
+
+
+def test_every_host_unreachable_still_gives_a_fleet_report(tmp_path, capsys) -> None:
+    """No report at all (Ansible reached no host): the controller still writes every output, each
+    host MISSING with the SSH error the playbook passes in --host-errors, and exits 1, not 2."""
+    import xml.etree.ElementTree as ET
+
+    from checks.fleet.fleet_cli import main
+
+    run = tmp_path / "r1"
+    (run / "meta").mkdir(parents=True)
+    errors = {"node0001": "unreachable: ssh: connect to host 10.0.0.1 port 22: No route to host",
+              "node0002": "unreachable: Permission denied (publickey)"}
+    (run / "meta" / "host-errors.json").write_text(json.dumps(errors))
+    out = run / "meta"
+    argv = ["report", str(run), "--expect-hosts", "node0001,node0002", "--host-errors",
+            str(out / "host-errors.json"), "--no-history", "--json", str(out / "fleet.json"),
+            "--html", str(out / "fleet.html"), "--junit", str(out / "fleet.xml"), "--format", "compact"]
+    assert main(argv) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [*(f"MISSING {host}: {why}" for host, why in errors.items()),
+                       "FAIL  run r1: 2 hosts  MISSING 2"]
+    doc = json.loads((out / "fleet.json").read_text())
+    assert {h["host"]: (h["status"], h["reason"]) for h in doc["hosts"]} == {
+        host: ("MISSING", why) for host, why in errors.items()}
+    suites = {s.get("name"): s for s in ET.parse(out / "fleet.xml").getroot()}
+    assert {host: suites[host].find("testcase/error").get("message") for host in errors} == errors
+    page = (out / "fleet.html").read_text()
+    assert page.count("No route to host") >= 1 and page.count("Permission denied (publickey)") >= 1
