@@ -16,9 +16,12 @@ MASKED = "<masked>"
 # A name that looks like it holds a secret: its value is never written, whatever the allow-list.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|PRIVATE|COOKIE|"
                          r"SESSION|SIGNATURE|CERT|(?:^|_)PASS(?:_|$)|(?:^|_)PWD(?:_|$)", re.IGNORECASE)
-# A value that carries a secret whatever its name: URL credentials (scheme://user:pass@host) and
-# NVIDIA API keys (nvapi-...).
-SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:[^/@\s]*@|\bnvapi-", re.IGNORECASE)
+# A value that carries a secret whatever its name: URL credentials (scheme://user:pass@host; the
+# password may hold `/`, `:` or `?` unencoded, so anything up to the last `@` counts), a query
+# parameter named like a secret (?token=..., &X-Amz-Signature=...) and NVIDIA API keys (nvapi-...).
+SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:\S*@|\bnvapi-|"
+                          r"[?&;][^=\s&;#]*(?:KEY|TOKEN|SECRET|PASS|PWD|SIG|AUTH|CREDENTIAL|SESSION)"
+                          r"[^=\s&;#]*=", re.IGNORECASE)
 
 
 @functools.cache

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from checks import safeyaml
+
 DEFAULT_PATH = Path("/etc/nodecert/expect.yaml")
 ENV = "NODECERT_EXPECTATIONS"
 MAX_BYTES = 64 << 10
@@ -99,7 +101,7 @@ def load(file: Path | None = None) -> Expectations:
         raw = file.read_bytes()[: MAX_BYTES + 1]
         if len(raw) > MAX_BYTES:
             raise ExpectationsError(f"{where}: larger than {MAX_BYTES} bytes")
-        data = yaml.safe_load(raw.decode("utf-8")) or {}
+        data = safeyaml.load(raw.decode("utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ExpectationsError(f"{where}: cannot read: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(data, dict):

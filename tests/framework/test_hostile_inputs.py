@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from checks import profiles, safeyaml
-from checks.node import node_cli
+from checks.node import expectations, node_cli
 from trainer.trainer_cli import main as trainer_main
 
 
@@ -104,3 +104,30 @@ def test_trainer_options_are_validated_before_anything_starts(argv, capsys) -> N
     assert trainer_main(["ddp", *argv]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"error: argument {argv[0]}: " in err.strip().splitlines()[-1]
+
+
+def test_one_large_string_aliased_many_times_is_refused() -> None:
+    # 3 001 nodes, under the node bound, but 3 000 x 100 kB of characters once written out
+    text = "big: &s " + "x" * 100_000 + "\nmany: [" + ", ".join(["*s"] * 3000) + "]\n"
+    with pytest.raises(safeyaml.AliasBomb, match=r"more than \d+ characters"):
+        safeyaml.load(text)
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error() -> None:
+    with pytest.raises(safeyaml.AliasBomb, match="nested deeper than"):
+        safeyaml.load("[" * 5000 + "]" * 5000)
+    assert safeyaml.load("[" * 20 + "]" * 20) is not None
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("gpus: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than"),
+    ("gpus: &s " + "x" * 30_000 + "\ncuda: [" + ", ".join(["*s"] * 300) + "]\n", "characters"),
+    (_bomb().replace("x0:", "gpus:").replace("*x0", "*x0"), "aliases expand to more than")],
+    ids=["deep", "aliased-string", "alias-bomb"])
+def test_a_hostile_expect_yaml_is_one_line(text, reason, tmp_path) -> None:
+    path = tmp_path / "expect.yaml"
+    path.write_text(text)
+    with pytest.raises(expectations.ExpectationsError) as info:
+        expectations.load(path)
+    message = str(info.value)
+    assert reason in message and "\n" not in message and message.startswith(str(path)), message

@@ -166,3 +166,16 @@ def test_tasks_that_can_carry_url_credentials_hide_their_output(path, name, vari
     hidden = env.from_string(expr).render(**values, **{variable: "https://u:planted-token@idx.example/simple"})
     shown = env.from_string(expr).render(**values, **{variable: "https://pypi.org/simple"})
     assert (hidden, shown) == ("True", "False")
+
+
+@pytest.mark.parametrize("value", ["https://user:pa/ss@store.example/x", "https://user:p?w:d@store.example",
+                                   "https://store.example/x?token=planted", "s3://b/k?X-Amz-Signature=planted",
+                                   "https://store.example/x?a=1&password=planted"])
+def test_url_secrets_with_slashes_or_in_the_query_are_masked(value) -> None:
+    assert environment.env_value("NCCL_COLLNET_URL", value) == environment.MASKED
+
+
+@pytest.mark.parametrize("value", ["https://store.example:8080/x", "https://store.example/x?page=2",
+                                   "/usr/lib"])
+def test_urls_without_secrets_are_kept(value) -> None:
+    assert environment.env_value("NCCL_COLLNET_URL", value) == value
