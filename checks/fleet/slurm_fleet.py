@@ -120,6 +120,16 @@ def _reason(prefix: str, found: HostFindings) -> str:
     return sl.drain_reason(prefix, f"fleet {found.failing[0]}{more}")
 
 
+# The guard drains the most severe findings first: wrong results before a failed check, a GPU
+# that keeps failing, then figures below a baseline or the fleet (a straggler slows, it does not
+# corrupt).
+SEVERITY = ("digest mismatch", "host FAIL", "lemon GPU", "drift", "straggler")
+
+
+def _rank(finding: str) -> int:
+    return next((i for i, kind in enumerate(SEVERITY) if finding.startswith(kind)), len(SEVERITY))
+
+
 def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) -> int:
     try:
         summary = json.loads(path.read_bytes())
@@ -133,13 +143,18 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
     except sl.InputError as exc:
         raise sl.InputError(f"{path}: {exc}") from None
     where = membership()
-    drained_now = {p: sum(1 for n in nodes if where.states[n].drained)
+    ours = f"{prefix}:"  # an administrator's drains do not use up the budget
+    drained_now = {p: sum(1 for n in nodes if where.states[n].drained
+                          and where.states[n].reason.startswith(ours))
                    for p, nodes in where.partitions.items()}
     allowed = {p: max(1, math.floor(max_fraction * len(nodes)))
                for p, nodes in where.partitions.items()}
     fleet_ours = f"{prefix}: fleet "
     failed = False
-    for found in sorted(per_host.values(), key=lambda f: f.host):
+    for found in per_host.values():
+        found.failing.sort(key=_rank)  # the reason names the most severe finding
+    for found in sorted(per_host.values(),
+                        key=lambda f: (_rank(f.failing[0]) if f.failing else len(SEVERITY), f.host)):
         for note in found.warnings:
             print(f"{found.node}: note: {note}")
         state = where.states.get(found.node)

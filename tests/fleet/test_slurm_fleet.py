@@ -97,12 +97,23 @@ def test_the_guard_drains_no_more_than_its_share_of_a_partition(slurm_env, summa
     assert drained == ["node0000"]
     assert out.count("held back by the drain guard: partition debug has 1 of 6 nodes drained, "
                      "at most 1 at once") == 3
-    # Nodes already drained for any reason count: with one admin drain, nothing more goes.
+    # An administrator's drain does not use up the budget: 2 of 6 go besides it.
     slurm_env.reset()
     slurm_env.run("scontrol", "update", "NodeName=node0005", "State=DRAIN", "Reason=admin: fan")
     assert slurm.main(["report", str(summaries["bad"]), "--apply", "--max-drain-fraction",
                        "0.34"]) == 1
-    assert [n for n in NODES if "drain" in slurm_env.node_state(n)[0]] == ["node0000", "node0005"]
+    assert [n for n in NODES if "drain" in slurm_env.node_state(n)[0]] == [
+        "node0000", "node0001", "node0005"]
+    assert slurm_env.node_state("node0005")[1] == "admin: fan"
+
+
+def test_the_guard_drains_the_most_severe_findings_first(slurm_env, summaries) -> None:
+    """Three of six may go: the digest mismatch, the failed check and the lemon GPU; the
+    straggler (node0002, before the lemon's node0003 by name) is held back."""
+    assert slurm.main(["report", str(summaries["bad"]), "--apply", "--max-drain-fraction",
+                       "0.5"]) == 1
+    assert [n for n in NODES if "drain" in slurm_env.node_state(n)[0]] == [
+        "node0000", "node0001", "node0003"]
 
 
 @pytest.mark.parametrize("host", ["ALL", "node[0000-0005]", "node0000,node0001"])
