@@ -227,3 +227,45 @@ def test_prometheus_scrapes_node_exporter_fires_alerts_and_answers_the_dashboard
         for title, expr in _panel_exprs():
             result = prom.query(expr.replace('"$host"', '".*"'))
             assert result, f"panel {title!r}: no data for {expr}"
+
+
+def _doc_queries() -> list[str]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "prometheus.md").read_text()
+    return [line for line in text.splitlines() if "DCGM_FI_DEV_GPU_TEMP" in line
+            and not line.startswith(("`", "|")) and "nodecert_check_status" in line]
+
+
+DCGM_SERIES = [  # one GPU failing two checks, one passing GPU; DCGM's series for both
+    ('nodecert_check_status{host="n1",check="ecc-errors",status="FAIL",UUID="GPU-a"}', "1x5"),
+    ('nodecert_check_status{host="n1",check="row-remap",status="FAIL",UUID="GPU-a"}', "1x5"),
+    ('nodecert_check_status{host="n1",check="ecc-errors",status="PASS",UUID="GPU-b"}', "1x5"),
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname="n1",modelName="H100",UUID="GPU-a",gpu="0"}', "71x5"),
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname="n1",modelName="H100",UUID="GPU-b",gpu="1"}', "40x5"),
+]
+
+
+def _promql_test(tmp_path: Path, expr: str, samples: list[dict[str, Any]]
+                 ) -> subprocess.CompletedProcess[str]:
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": s, "values": v} for s, v in DCGM_SERIES],
+        "promql_expr_test": [{"expr": expr, "eval_time": "2m", "exp_samples": samples}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc))
+    return _promtool("test", "rules", "t.yml", cwd=tmp_path)
+
+
+def test_the_dcgm_joins_in_the_docs_work_when_a_gpu_fails_two_checks(tmp_path) -> None:
+    temp, checks = _doc_queries()
+    proc = _promql_test(tmp_path, temp, [
+        {"labels": 'DCGM_FI_DEV_GPU_TEMP{Hostname="n1",modelName="H100",UUID="GPU-a",gpu="0"}',
+         "value": 71}])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _promql_test(tmp_path, checks, [
+        {"labels": f'{{host="n1",check="{check}",status="FAIL",UUID="GPU-a",Hostname="n1",'
+                   'modelName="H100"}', "value": 71} for check in ("ecc-errors", "row-remap")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the control: the join the docs gave before fails on these series
+    old = ('DCGM_FI_DEV_GPU_TEMP * on(UUID) group_left(check, fault_code) '
+           '(nodecert_check_status{status="FAIL"} == 1)')
+    proc = _promql_test(tmp_path, old, [])
+    assert proc.returncode != 0 and "many" in proc.stdout + proc.stderr
