@@ -31,6 +31,27 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(_bits(t).cpu().numpy().tobytes()).hexdigest()
 
 
+def _timed_mm(s: dict[str, Any]) -> None:
+    """One GEMM, its time added to s["mm_s"]: only the matmul counts toward TFLOP/s, not the
+    bit comparison (on a GPU through CUDA events, which time the kernel, collected at each sync)."""
+    if s["a"].device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(s["a"], s["b"], out=s["out"])
+        end.record()
+        s["events"].append((start, end))
+        return
+    t = time.perf_counter()
+    torch.mm(s["a"], s["b"], out=s["out"])
+    s["mm_s"] += time.perf_counter() - t
+
+
+def _collect_events(s: dict[str, Any]) -> None:
+    """Add the finished CUDA event pairs' times (ms) to s["mm_s"]; call after a synchronize."""
+    s["mm_s"] += sum(start.elapsed_time(end) for start, end in s["events"]) / 1e3
+    s["events"].clear()
+
+
 def _sample_loop(sampler: Sampler, interval_s: float, stop: threading.Event, t0: float,
                  out: list[dict[str, Any]]) -> None:
     while not stop.is_set():
@@ -58,7 +79,8 @@ def burn(devices: list[torch.device], *, duration_s: float, n: int, dtype: str =
         a, b = a_cpu.to(dev), b_cpu.to(dev)
         first = torch.mm(a, b)
         state.append({"a": a, "b": b, "first": first, "out": first.clone(),
-                      "wrong": torch.zeros((), dtype=torch.int64, device=dev), "iterations": 1})
+                      "wrong": torch.zeros((), dtype=torch.int64, device=dev), "iterations": 1,
+                      "mm_s": 0.0, "events": []})
     first_digests = [_digest(s["first"]) for s in state]
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
@@ -71,16 +93,20 @@ def burn(devices: list[torch.device], *, duration_s: float, n: int, dtype: str =
     try:
         while time.monotonic() - t0 < duration_s:
             for s in state:  # kernels queue asynchronously: all devices busy at once
-                torch.mm(s["a"], s["b"], out=s["out"])
+                _timed_mm(s)
                 s["iterations"] += 1
                 if s["iterations"] % check_every == 0:
                     s["wrong"] += (_bits(s["out"]) != _bits(s["first"])).sum()
             if devices[0].type == "cuda" and state[0]["iterations"] % 16 == 0:
                 for dev in devices:  # bound the queue so the clock check above stays honest
                     torch.cuda.synchronize(dev)
+                for s in state:
+                    _collect_events(s)
         for dev in devices:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+        for s in state:
+            _collect_events(s)
     finally:
         stop.set()
         if thread is not None:
@@ -91,6 +117,7 @@ def burn(devices: list[torch.device], *, duration_s: float, n: int, dtype: str =
         rows.append({"device": str(dev), "index": dev.index if dev.type == "cuda" else None,
                      "iterations": s["iterations"], "mismatched_elements": int(s["wrong"].item()),
                      "digest_first": digest, "digest_last": _digest(s["out"]),
-                     "tflops": round(2 * n**3 * (s["iterations"] - 1) / elapsed / 1e12, 3)})
+                     "matmul_s": round(s["mm_s"], 4),
+                     "tflops": round(2 * n**3 * (s["iterations"] - 1) / max(s["mm_s"], 1e-9) / 1e12, 3)})
     return {"devices": rows, "samples": samples, "duration_s": round(elapsed, 2), "n": n,
             "dtype": dtype}

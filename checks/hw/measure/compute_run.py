@@ -107,14 +107,26 @@ def per_gpu(measure: Callable[[torch.device], dict[str, Any]], *,
     return rows
 
 
+def p2p_pattern(count: int, src: int, device: torch.device) -> torch.Tensor:
+    """float32 data that is never zero and differs from element to element and between source
+    GPUs, so a copy that delivered nothing (fresh memory reads as zeros), a shifted copy or
+    another GPU's buffer is told apart. Values stay below 2**24, exact in float32."""
+    idx = torch.arange(count, device=device, dtype=torch.int64)
+    return ((idx * 40503 + src * 7919) % ((1 << 24) - 1) + 1).to(torch.float32)
+
+
+def p2p_copy_ok(dst: torch.Tensor, src: int) -> bool:
+    """Every element of `dst` equals source GPU `src`'s pattern (compared on dst's device)."""
+    return torch.equal(dst, p2p_pattern(dst.numel(), src, dst.device))
+
+
 def p2p(nbytes: int, *, repeats: int = 3, min_time_s: float = 0.05) -> dict[str, Any]:
     """Peer access matrix and one-way copy GB/s for every ordered pair of GPUs."""
     count = torch.cuda.device_count()
     access = [[i == j or torch.cuda.can_device_access_peer(i, j) for j in range(count)]
               for i in range(count)]
     bandwidth: list[list[float | None]] = [[None] * count for _ in range(count)]
-    buffers = [torch.empty(nbytes // 4, device=f"cuda:{i}", dtype=torch.float32).fill_(i)
-               for i in range(count)]
+    buffers = [p2p_pattern(nbytes // 4, i, torch.device("cuda", i)) for i in range(count)]
     for i in range(count):
         for j in range(count):
             if i == j:
@@ -124,7 +136,7 @@ def p2p(nbytes: int, *, repeats: int = 3, min_time_s: float = 0.05) -> dict[str,
                 seconds = _best_seconds(functools.partial(dst.copy_, buffers[i], non_blocking=True),
                                         torch.device("cuda", j), warmup=2, repeats=repeats,
                                         min_time_s=min_time_s)
-            if not torch.equal(dst[:16].cpu(), buffers[i][:16].cpu()):
+            if not p2p_copy_ok(dst, i):
                 raise RuntimeError(f"copy GPU{i} -> GPU{j} delivered wrong data")
             bandwidth[i][j] = nbytes / seconds / 1e9
             del dst
