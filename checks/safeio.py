@@ -11,9 +11,10 @@ Every report, HTML page, JUnit file and textfile goes through `write_text`:
     report take turns;
   - on any failure (full disk, read-only directory, ...) the temporary is removed and the
     OSError raised, for the CLI to print as one line with exit 2.
-  - only a regular file is ever replaced: an existing target that is a symlink, device node,
-    FIFO or directory is refused (as root, `--json /dev/null` would otherwise turn /dev/null into
-    a 0600 regular file), and so is an empty name.
+  - a device node, FIFO, socket or directory at the target is refused, never replaced (as root,
+    `--json /dev/null` would otherwise turn /dev/null into a 0600 regular file), and so is an
+    empty name; a symlink is replaced, never followed (the CLIs refuse one named as an output:
+    cliutil.output_file).
 `confined(directory, name)` turns a name that comes from data (a host name) into a path that
 cannot leave `directory`.
 """
@@ -64,9 +65,8 @@ def _refuse_unless_regular(text: str, path: Path) -> None:
         return
     except OSError:
         return  # unreadable parent etc.: the write below fails and says why
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-        raise OSError(errno.EEXIST, f"{kind}; only regular files are replaced", text)
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+        raise OSError(errno.EEXIST, "not a regular file; only regular files are replaced", text)
 
 
 def write_bytes(path: str | Path, data: bytes, *, mode: int = PRIVATE) -> Path:

@@ -43,13 +43,13 @@ def test_a_planted_tmp_symlink_is_never_followed(tmp_path) -> None:
         ".node.json.tmp", "node.html", "node.json", "node.json.tmp", "node.xml"]
 
 
-def test_a_symlink_at_the_target_is_replaced_not_followed(tmp_path) -> None:
+def test_a_symlink_named_as_the_report_is_refused_not_followed(tmp_path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep\n")
     target = tmp_path / "node.json"
     target.symlink_to(victim)
-    assert _report(target) == 0
-    assert victim.read_text() == "keep\n" and not target.is_symlink()
+    assert _report(target) == 2
+    assert victim.read_text() == "keep\n" and target.is_symlink()
 
 
 def test_record_backup_does_not_follow_a_planted_bak(tmp_path) -> None:
