@@ -142,6 +142,12 @@ def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
         console.print(f"  bad link: {' <-> '.join(link)}", highlight=False)
 
 
+def _checked_something(found: list[loader.HostReport]) -> list[loader.HostReport]:
+    """A report that holds no checks verified nothing: its host is an ERROR, never a PASS."""
+    return [loader.HostReport(f.host, None, "report holds no checks: nothing was verified", f.path)
+            if f.report is not None and not f.report.get("checks") else f for f in found]
+
+
 def _aggregate(found: list[loader.HostReport], directory: Path, expected: list[str] | None,
                errors: dict[str, str], run_id: str | None) -> Fleet:
     fleet = aggregate.aggregate(found, expected_hosts=expected, host_errors=errors, run_id=run_id,
@@ -197,7 +203,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     expected, errors = _expected(args), _host_errors(args.host_errors)
     cross = crosshost.merge(directory)
     with loader.gc_paused():
-        found = list(loader.read_dir(directory))
+        found = _checked_something(loader.read_dir(directory))
     fleet: Fleet = _aggregate(found, directory, expected, errors, args.run_id)
     if not fleet.hosts:
         raise UsageError(f"no host reports (*.json) in {directory} and no expected hosts")

@@ -171,3 +171,16 @@ def test_make_inventory_typo_suggests_the_file() -> None:
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "'inventory.example'" in proc.stderr
     assert "make provision" not in proc.stderr
+
+
+def test_fleet_report_of_no_checks_is_not_pass(reports, tmp_path, capsys) -> None:
+    import json
+
+    doc = json.loads((reports / "node0001.json").read_text())
+    doc["checks"], doc["summary"] = [], dict.fromkeys(doc["summary"], 0)
+    (tmp_path / "node0001.json").write_text(json.dumps(doc))
+    out = tmp_path / "fleet.json"
+    assert fleet_cli.main(["report", str(tmp_path), "-q", "--no-history", "--json", str(out)]) == 1
+    fleet = json.loads(out.read_text())
+    assert fleet["verdict"] == "FAIL" and fleet["hosts"][0]["status"] == "ERROR"
+    assert "no checks" in fleet["hosts"][0]["reason"]
