@@ -9,7 +9,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from checks.hw.base import GPU_FIELDS, GpuHandle, GpuLost, NotSupported, NvmlUnavailable, PciDevice
+from checks.hw.base import (
+    GPU_FIELDS,
+    GpuHandle,
+    GpuLost,
+    NoPermission,
+    NotSupported,
+    NvmlUnavailable,
+    PciDevice,
+)
 from checks.hw.fixture import NVML_KINDS, _expand_nvlink
 from checks.node.record_reads import HexInt, Hung, Reads, drop_missing, one_line, plain
 
@@ -129,6 +137,9 @@ class GpuReads(Reads):
                                          if isinstance(fields.get("pci_bus_id"), str) else {})}
             except NotSupported:
                 fields[name] = "not_supported"
+                continue
+            except NoPermission:
+                fields[name] = "no_permission"  # replays as NVML's NO_PERMISSION
                 continue
             except Hung as exc:
                 self._nvml_hung = str(exc)
