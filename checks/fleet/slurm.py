@@ -456,6 +456,10 @@ def _report(args: argparse.Namespace) -> int:
         raise InputError(f"{path}: not a regular file")
     item = load.read(path)
     if item is None:  # a fleet summary: act on each host's findings, with the drain guard
+        if args.node:  # one node was meant: a summary would drain and resume every other node
+            raise InputError(f"{path}: a fleet summary (schema {load.FLEET_SCHEMA_NAME}), not one node's "
+                             f"report: --node {args.node} refused (without --node the summary acts "
+                             f"on every host)")
         from checks.fleet import slurm_fleet
 
         return slurm_fleet.act_on_summary(path, args.prefix, args.apply, args.max_drain_fraction)
