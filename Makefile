@@ -16,7 +16,7 @@ RUN_DEPS := $(VENV)/.stamp-run
 DEV_DEPS := $(VENV)/.stamp-dev
 endif
 
-.PHONY: venv verify test system-deps lint provision inventory-exists bench clean
+.PHONY: venv verify test system-deps lint provision inventory-exists bench clean gpu-proof
 
 $(VENV)/.stamp-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_PIN) -e .
@@ -76,6 +76,10 @@ inventory-exists:
 provision: inventory-exists $(DEV_DEPS)
 	set -f; exec $(VENV)/bin/ansible-playbook -i "$${INVENTORY:-inventory}" playbooks/provision.yml \
 	  $${CHECK:+--check --diff} $$ARGS
+
+# Every GPU path of this node once, into one bundle (docs/gpu-proof.md); exit 2 without NVIDIA GPUs.
+gpu-proof: $(RUN_DEPS)
+	set -f; exec $(PY) -m checks.node.gpu_proof $$ARGS
 
 bench: $(DEV_DEPS)
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

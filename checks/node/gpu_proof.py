@@ -1,0 +1,133 @@
+"""`python -m checks.node.gpu_proof [DIR]` (`make gpu-proof`): run every GPU path of this node once
+and write one bundle, DIR/ and DIR.tar.gz, that can become a shipped scenario (docs/gpu-proof.md).
+
+Phases, each timed (wall seconds) and its exit code kept, all in this process (the checks and the
+trainer start their own ranks): the recording (`record --redact`), the standard check run with its
+JSON report (NVML reads, P2P matrix, collectives sweep, matmul per dtype, HBM bandwidth, occupancy,
+the acceptance jobs), every trainer job at `small` and at `large`, and the throughput job. A host
+without an NVIDIA GPU (NVML cannot start, or counts none) is one `error:` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from checks import cliutil
+from checks.hw.base import HardwareError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Wall-clock share of the 8-minute target each long phase gets (seconds).
+CHECKS_BUDGET_S = 240
+TRAINER_TIMEOUT_S = 90
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m checks.node.gpu_proof",
+                                description="Run every GPU path of this node once and write a bundle "
+                                            "(docs/gpu-proof.md).")
+    p.add_argument("dir", nargs="?", default=None,
+                   help="bundle directory (default gpu-proof-HOST-UTCTIME); DIR.tar.gz is written too")
+    return p
+
+
+def nvidia_gpus() -> tuple[int, dict[str, Any]]:
+    """(GPU count, driver facts) from NVML; raises HardwareError when NVML cannot start."""
+    from checks.hw.nvml import open_nvml
+
+    nvml = open_nvml()
+    return nvml.device_count(), {"driver": nvml.driver_version(),
+                                 "cuda_driver": nvml.cuda_driver_version()}
+
+
+def environment(driver: dict[str, Any]) -> dict[str, Any]:
+    from checks.hw.torchview import read_torch_build
+
+    torch_version, torch_cuda = read_torch_build()
+    return {"host": socket.gethostname(), "python": platform.python_version(),
+            "kernel": platform.release(), "torch": torch_version, "torch_cuda": torch_cuda,
+            "nvidia_driver": driver.get("driver"), "cuda_driver_version": driver.get("cuda_driver"),
+            "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def phases(out: Path) -> list[tuple[str, Callable[[], int]]]:
+    """(name, run) of every phase, in order; each run returns its CLI's exit code."""
+    from checks.node import node_cli, record
+    from trainer import trainer_cli
+
+    def trainer(name: str, argv: list[str]) -> tuple[str, Callable[[], int]]:
+        return name, lambda: trainer_cli.main([*argv, "--timeout", str(TRAINER_TIMEOUT_S),
+                                               "--json", str(out / f"{name}.json")])
+
+    return [
+        ("record", lambda: record.main([str(out / "recording.yaml"), "--redact", "--force"])),
+        ("checks", lambda: node_cli.main(["--level", "standard", "--budget", f"{CHECKS_BUDGET_S}s",
+                                          "--json", str(out / "report.json")])),
+        trainer("trainer-small", ["all", "--size", "small"]),
+        trainer("trainer-large", ["all", "--size", "large"]),
+        trainer("throughput", ["throughput", "--size", "large"]),
+    ]
+
+
+def run_phases(out: Path, todo: list[tuple[str, Callable[[], int]]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, run in todo:
+        t0 = time.monotonic()
+        try:
+            rc: int | None = run()
+            error = None
+        except Exception as exc:  # one broken phase is recorded; the others still run
+            rc, error = None, f"{type(exc).__name__}: {exc}"
+        rows.append({"phase": name, "exit_code": rc, "wall_s": round(time.monotonic() - t0, 2),
+                     **({"error": error} if error else {})})
+        print(f"gpu-proof: {name}: exit {rc} in {rows[-1]['wall_s']:.1f} s", file=sys.stderr)
+    return rows
+
+
+def write_bundle(out: Path, env: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    (out / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    total = round(sum(r["wall_s"] for r in rows), 2)
+    (out / "phases.json").write_text(json.dumps({"phases": rows, "total_wall_s": total}, indent=2) + "\n")
+    tarball = out.with_name(out.name + ".tar.gz")
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    return tarball
+
+
+def main(argv: Sequence[str] | None = None,
+         todo: Callable[[Path], list[tuple[str, Callable[[], int]]]] = phases) -> int:
+    args = cliutil.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
+    try:
+        count, driver = nvidia_gpus()
+    except HardwareError as exc:
+        print(f"error: no NVIDIA GPU on this host: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    if count < 1:
+        print("error: no NVIDIA GPU on this host: NVML counts 0 devices", file=sys.stderr)
+        return EXIT_USAGE
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.dir or f"gpu-proof-{socket.gethostname()}-{stamp}")
+    try:
+        out.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        print(f"error: cannot create {out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    rows = run_phases(out, todo(out))
+    tarball = write_bundle(out, environment(driver), rows)
+    print(f"gpu-proof: {count} GPU(s), bundle {out} and {tarball}", file=sys.stderr)
+    return EXIT_OK if all(r["exit_code"] == 0 for r in rows) else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`make gpu-proof` / python -m checks.node.gpu_proof: one line and exit 2 without NVIDIA GPUs; the
+bundle's layout with the phases replaced (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from checks.hw.base import NvmlUnavailable
+from checks.node import gpu_proof
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _no_nvml():
+    raise NvmlUnavailable("library_missing", "NVML init failed: NVML Shared Library Not Found")
+
+
+def test_main_without_nvidia_gpu_is_one_line_exit_2(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_proof, "nvidia_gpus", _no_nvml)
+    assert gpu_proof.main([str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no NVIDIA GPU on this host")
+    assert not (tmp_path / "b").exists()
+
+
+def test_main_with_zero_gpus_is_exit_2(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (0, {}))
+    assert gpu_proof.main([str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == "error: no NVIDIA GPU on this host: NVML counts 0 devices"
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this host has an NVIDIA GPU")
+def test_make_gpu_proof_on_this_host_exits_2_in_one_line():
+    # VENV given as a path: the Makefile then installs nothing (the venv may be shared).
+    r = subprocess.run(["make", "-s", "--no-print-directory", "gpu-proof", f"VENV={Path(sys.prefix)}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("make")]
+    assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU on this host"), r.stderr
+    assert r.stdout == ""
+
+
+def test_bundle_layout_and_exit_code(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (2, {"driver": "580.95.05",
+                                                              "cuda_driver": 13000}))
+
+    def fake_phases(out: Path):
+        def record() -> int:
+            (out / "recording.yaml").write_text("gpus: []\n")
+            return 0
+
+        def broken() -> int:
+            raise RuntimeError("CUDA error: out of memory")
+
+        return [("record", record), ("checks", lambda: 1), ("throughput", broken)]
+
+    bundle = tmp_path / "bundle"
+    assert gpu_proof.main([str(bundle)], todo=fake_phases) == 1   # a phase failed: not proven
+    phases = json.loads((bundle / "phases.json").read_text())
+    assert [(p["phase"], p["exit_code"]) for p in phases["phases"]] == \
+        [("record", 0), ("checks", 1), ("throughput", None)]
+    assert phases["phases"][2]["error"] == "RuntimeError: CUDA error: out of memory"
+    assert all(p["wall_s"] >= 0 for p in phases["phases"]) and phases["total_wall_s"] >= 0
+    env = json.loads((bundle / "environment.json").read_text())
+    assert env["nvidia_driver"] == "580.95.05" and env["cuda_driver_version"] == 13000
+    assert {"torch", "torch_cuda", "python", "kernel", "host"} <= env.keys()
+    with tarfile.open(tmp_path / "bundle.tar.gz") as tar:
+        assert {"bundle/recording.yaml", "bundle/phases.json", "bundle/environment.json"} <= \
+            set(tar.getnames())
+
+
+def test_bundle_all_phases_passed_is_exit_0(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (1, {}))
+    assert gpu_proof.main([str(tmp_path / "b")], todo=lambda out: [("checks", lambda: 0)]) == 0
+
+
+def test_existing_bundle_dir_is_refused(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (1, {}))
+    assert gpu_proof.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot create ")
+
+
+def test_phases_name_every_gpu_path(tmp_path):
+    names = [name for name, _ in gpu_proof.phases(tmp_path)]
+    assert names == ["record", "checks", "trainer-small", "trainer-large", "throughput"]
