@@ -32,7 +32,10 @@ from checks.hw.base import (
 )
 from checks.hw.fixture import FixtureBackend, load_scenario, shipped
 from checks.node import node_cli as cli
-from checks.node import record, record_gpus, record_host, recorder
+from checks.node import record
+from checks.node.record import gpu_reads as record_gpus
+from checks.node.record import host_reads as record_host
+from checks.node.record import recorder
 
 # Checks whose value moves on its own between two reads of a live GPU (not a hardware fact).
 VOLATILE = {"gpu-temperature", "clock-throttle"}

@@ -30,8 +30,8 @@ from checks.hw.base import (
     Backend,
 )
 from checks.hw.fixture import FixtureBackend, ScenarioError
-from checks.node.record_reads import CALL_TIMEOUT_S, HexInt
-from checks.node.recorder import Recording, record
+from checks.node.record.reads import CALL_TIMEOUT_S, HexInt
+from checks.node.record.recorder import Recording, record
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
 SUFFIXES = (".yaml", ".yml", ".json")

@@ -1,7 +1,7 @@
 """What the recorder reads from NVML and the PCI bus: the driver, each GPU's fields (GPU_FIELDS)
 in NVML order, the NVSwitches, and the join of NVML's GPUs with the bus (a lost GPU placed at an
 unclaimed address, a bus GPU NVML does not list written `nvml_visible: false`). Once an NVML call
-hangs, no later NVML call is made (checks/node/recorder.py assembles the recording)."""
+hangs, no later NVML call is made (checks/node/record/recorder.py assembles the recording)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from checks.hw.base import (
     PciDevice,
 )
 from checks.hw.fixture import NVML_KINDS, _expand_nvlink
-from checks.node.record_reads import HexInt, Hung, Reads, drop_missing, one_line, plain
+from checks.node.record.reads import HexInt, Hung, Reads, drop_missing, one_line, plain
 
 
 def _compact_nvlink(links: list[dict[str, Any]]) -> Any:

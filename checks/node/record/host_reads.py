@@ -1,7 +1,7 @@
 """What the recorder reads from the host, outside NVML: OS and kernel facts, services, the
 kernel log (the lines the checks care about), the environment, storage and swap, the BMC through
 ipmitool, and the RDMA devices with the ACS bits of the PCI bridges above them. Each is written
-in the `host:` and `rdma:` spelling of a scenario (checks/node/recorder.py assembles them)."""
+in the `host:` and `rdma:` spelling of a scenario (checks/node/record/recorder.py assembles them)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from checks import report_schema as report
 from checks.hw.base import NotSupported
-from checks.node.record_reads import MISSING, Reads, drop_missing, one_line
+from checks.node.record.reads import MISSING, Reads, drop_missing, one_line
 from checks.node.redact import mask_cmdline_secrets
 
 SERVICES = ("nvidia-fabricmanager", "nvidia-persistenced", "nvidia-imex", "nvlsm")

@@ -1,7 +1,7 @@
-"""The recorder's reading discipline (checks/node/recorder.py assembles the recording): every
+"""The recorder's reading discipline (checks/node/record/recorder.py assembles the recording): every
 Backend call bounded in time (`Hung` when a driver call does not come back), each answer turned
 into plain YAML/JSON values, and a failure either written as `{error: text}` or named as a gap
-(`Reads.fact`). The host side (record_host.py) and the GPU side (record_gpus.py) read through it."""
+(`Reads.fact`). The host side (host_reads.py) and the GPU side (gpu_reads.py) read through it."""
 
 from __future__ import annotations
 

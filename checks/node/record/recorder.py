@@ -1,9 +1,9 @@
 """What the hardware layer reads on this machine, as a recording (`python -m checks record`):
 the recorder asks a `Backend` every question the checks ask and keeps each answer in the
-scenario spelling `--simulate` reads (checks/node/record.py writes it and is the command).
+scenario spelling `--simulate` reads (checks/node/record/__init__.py writes it and is the command).
 
-This module assembles the scenario document: `Recorder` joins the host side (record_host.py)
-and the GPU side (record_gpus.py), both reading through record_reads.py, adds torch, moves the
+This module assembles the scenario document: `Recorder` joins the host side (host_reads.py)
+and the GPU side (gpu_reads.py), both reading through reads.py, adds torch, moves the
 fields the GPUs share into gpu_defaults, and redacts and describes the result."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from checks import __version__
 from checks.hw.base import GPU_FIELDS, Backend
-from checks.node.record_gpus import GpuReads
-from checks.node.record_host import HostReads
-from checks.node.record_reads import CALL_TIMEOUT_S, MISSING, one_line, plain
+from checks.node.record.gpu_reads import GpuReads
+from checks.node.record.host_reads import HostReads
+from checks.node.record.reads import CALL_TIMEOUT_S, MISSING, one_line, plain
 from checks.node.redact import REDACTED_HOST, Redactor
 
 # Fields a GPU answers with something of its own: never moved into gpu_defaults.
