@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,14 @@ def merge(base: Any, over: Any) -> Any:
     return copy.deepcopy(over)
 
 
+def _key_names(keys: set[Any]) -> list[str]:
+    """Unknown keys as the message may show them: a key that is no plain name is counted, not
+    shown (a file that is no scenario, /etc/shadow, must not have its lines echoed)."""
+    plain = sorted(k for k in keys if isinstance(k, str) and re.fullmatch(r"[A-Za-z_][\w-]{0,40}", k))
+    other = len(keys) - len(plain)
+    return plain + ([f"<{other} key(s) that are not plain names>"] if other else [])
+
+
 def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = resolve(name_or_path).resolve()
     if path in _seen:
@@ -90,13 +99,20 @@ def load_scenario(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, 
         data = json.loads(text) if path.suffix == ".json" else safeyaml.load(text)
     except RecursionError:
         raise ScenarioError(f"{path}: cannot parse: nested too deep") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+    except yaml.YAMLError as exc:  # the problem and where, never the file's text (--simulate /etc/shadow)
+        mark = getattr(exc, "problem_mark", None)
+        if mark is None:  # safeyaml's own refusals (alias bombs, ...) quote no text
+            raise ScenarioError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from None
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise ScenarioError(f"{path}: cannot parse: {problem} at line {mark.line + 1}, "
+                            f"column {mark.column + 1}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     unknown = set(data) - TOP_KEYS
     if unknown:
-        raise ScenarioError(f"{path}: unknown key(s) {sorted(unknown, key=str)}; allowed: {sorted(TOP_KEYS)}")
+        raise ScenarioError(f"{path}: unknown key(s) {_key_names(unknown)}; allowed: {sorted(TOP_KEYS)}")
     parent = data.get("extends")
     if parent is not None:
         if not isinstance(parent, str):

@@ -184,3 +184,13 @@ def test_fleet_report_of_no_checks_is_not_pass(reports, tmp_path, capsys) -> Non
     fleet = json.loads(out.read_text())
     assert fleet["verdict"] == "FAIL" and fleet["hosts"][0]["status"] == "ERROR"
     assert "no checks" in fleet["hosts"][0]["reason"]
+
+
+@pytest.mark.parametrize("text", ["root:$6$s3cr3tHash:19000:0:99999:7:::\nbin:*:19000:0:::\n",
+                                  "user: alice\npassword: [s3cr3tHash\n"])
+def test_simulate_never_echoes_the_file(text, tmp_path, capsys) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text(text)
+    assert node_cli.main(["--simulate", str(secret), "--no-json", "-q"]) == 2
+    line = _one_line(capsys)
+    assert "s3cr3tHash" not in line and "root:" not in line
