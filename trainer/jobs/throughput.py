@@ -190,12 +190,14 @@ def scaling_sizes(world: int) -> list[int]:
 
 def size_for(env: DistEnv, cfg: TrainConfig) -> GptSize:
     """small: CPU_SIZE on the CPU, GPT-2 small's shape on a GPU; large (GPU only): the block
-    stack trainer.sizes fits into the smallest GPU memory of the ranks."""
+    stack trainer.sizes fits into the smallest free GPU memory of the ranks (free, not total: a
+    GPU other processes hold memory on gets a smaller model and a verdict, not an OOM crash)."""
     if cfg.size != "large" or not env.is_cuda:
         return GPU_SIZE if env.is_cuda else CPU_SIZE
     from trainer import sizes
 
-    memory = env.gather(torch.cuda.get_device_properties(env.device).total_memory)
+    free, _total = torch.cuda.mem_get_info(env.device)
+    memory = env.gather(int(free))
     shape = env.broadcast(sizes.large_gpt(min(memory)) if memory else None)
     return GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
                    layers=shape.layers, heads=shape.heads, batch=shape.batch,
