@@ -160,6 +160,16 @@ def text_problem(doc: Any, raw: bytes | None = None) -> str | None:
     return None
 
 
+MAX_INT_DIGITS = 20  # 2**64 has 20 digits; a 4 000-digit integer parses but overflows float()
+
+
+def _bounded_int(text: str) -> int:
+    """json's parse_int: no figure in a report needs more than MAX_INT_DIGITS digits."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
+    return int(text)
+
+
 def read(path: Path, host: str | None = None, validate: Validator | None = None) -> HostReport | None:
     """The report at `path`, named after the file (reports/<run-id>/<host>.json) unless `host`;
     None for a fleet summary written into the same directory. Whatever is wrong with the file
@@ -172,7 +182,7 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
 
     try:
         raw = read_regular(path)
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_int=_bounded_int)
     except OSError as exc:
         return unreadable(exc.strerror or str(exc))
     except RecursionError:

@@ -193,3 +193,31 @@ def test_host_errors_from_a_fifo_do_not_hang(tmp_path, reports, capsys) -> None:
     os.mkfifo(tmp_path / "errors.json")
     assert main(["report", str(run), "--no-history", "--host-errors", str(tmp_path / "errors.json")]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def _first_int_path(node: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (*path, key)
+        found = _first_int_path(value, (*path, key))
+        if found:
+            return found
+    return None
+
+
+def test_a_4000_digit_integer_is_that_hosts_error_not_a_crash(tmp_path, reports) -> None:
+    docs = copy.deepcopy(reports)
+    where = _first_int_path(docs[2]["checks"])
+    assert where is not None
+    target: Any = docs[2]["checks"]
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = 987654321987
+    run = _write(tmp_path / "run", docs)
+    text = (run / "node0002.json").read_text()
+    (run / "node0002.json").write_text(text.replace("987654321987", "9" * 4000, 1))
+    code, fleet = _fleet(run, tmp_path)
+    hosts = _hosts(fleet)
+    assert code == 1 and hosts["node0002"]["status"] == "ERROR", hosts["node0002"]
+    assert "4000 digits" in json.dumps(hosts["node0002"]) and hosts["node0000"]["status"] == "PASS"
