@@ -38,3 +38,16 @@ def test_large_is_sized_from_free_memory(monkeypatch):
     want = sizes.large_gpt(20 * GIB)   # the smallest free memory of the ranks
     assert (size.layers, size.width, size.batch) == (want.layers, want.width, want.batch)
     assert size.layers < sizes.large_gpt(80 * GIB).layers
+
+
+def test_gpt_is_built_on_the_target_device():
+    """Parameters are created on the device asked for (meta stands in for a GPU: nothing is
+    allocated or initialised on the CPU first), and on the CPU the build is the seeded Gpt(s)."""
+    s = throughput.CPU_SIZE
+    on_meta = throughput.build_gpt(s, torch.device("meta"), seed=5)
+    assert {p.device.type for p in on_meta.parameters()} == {"meta"}
+    torch.manual_seed(5)
+    reference = throughput.Gpt(s)
+    built = throughput.build_gpt(s, torch.device("cpu"), seed=5)
+    for (name, a), (_, b) in zip(reference.state_dict().items(), built.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name

@@ -90,6 +90,16 @@ class Gpt(nn.Module):
         return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
 
 
+def build_gpt(s: GptSize, device: torch.device, seed: int) -> Gpt:
+    """The model built directly on `device` (its parameters allocated and initialised there):
+    a large GPT built on the CPU and copied takes a single CPU thread tens of seconds per build.
+    On the CPU this is exactly the old `Gpt(s)` under the seed; on a GPU the initial weights come
+    from the CUDA generator (DDP broadcasts rank 0's to every rank, so they agree)."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return Gpt(s)
+
+
 def flops_per_token(model: Gpt, s: GptSize) -> float:
     """Training FLOPs per token: 6 per matmul weight (forward 2, backward 4) plus attention's
     scores and weighted sum (12 x layers x width x context)."""
@@ -115,8 +125,8 @@ def measure(env: DistEnv, s: GptSize, ranks: int, group: Any, cfg: TrainConfig,
     tokens/s, the loss curve and peak memory; other ranks None."""
     result = None
     if env.rank < ranks:
-        torch.manual_seed(cfg.seed)
-        gpt = Gpt(s).to(env.device)
+        env.beat(f"{NAME}/{ranks}-ranks-build")
+        gpt = build_gpt(s, env.device, cfg.seed)
         model = nn.parallel.DistributedDataParallel(
             gpt, device_ids=[env.device] if env.is_cuda else None, process_group=group)
         opt = torch.optim.AdamW(model.parameters(),
