@@ -27,6 +27,10 @@ MAC_RE = re.compile(r"(?<![\w:-])([0-9A-Fa-f]{2}(?:([:-])[0-9A-Fa-f]{2})(?:\2[0-
                     r"(?![\w:-])")
 # "Command line: ..." (x86 early boot) and "Kernel command line: ...".
 CMDLINE_RE = re.compile(r"^(.*?\b(?:Kernel )?[Cc]ommand line:\s*)(.*)$")
+# The kernel's echo of the parameters it did not recognise, which carries the same values:
+#   Unknown kernel command line parameters "BOOT_IMAGE=... token=...", will be passed to user space.
+# (printed by init/main.c's print_unknown_bootoptions since Linux 5.15).
+UNKNOWN_PARAMS_RE = re.compile(r'^(.*?\bUnknown kernel command line parameters\s*")([^"]*)(".*)$')
 # Kernel parameters kept in a redacted recording: the GPU-relevant ones a reader (or a check's
 # remedy: IOMMU and ACS for P2P, nouveau for the driver) asks about. Nothing else is kept.
 CMDLINE_KEPT = ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough", "iommu.strict", "pci",
@@ -42,15 +46,27 @@ def cmdline_kept(param: str) -> bool:
     return any(name == k or (k.endswith("_") and name.startswith(k)) for k in CMDLINE_KEPT)
 
 
-def redact_cmdline(line: str) -> str:
-    """A kernel command line log line with only the CMDLINE_KEPT parameters."""
+def _cmdline_parts(line: str) -> tuple[str, str, str] | None:
+    """(before, parameters, after) of a log line that lists kernel parameters: the command line
+    itself or the kernel's "Unknown kernel command line parameters" echo; None for any other."""
+    m = UNKNOWN_PARAMS_RE.match(line)
+    if m:
+        return m.group(1), m.group(2), m.group(3)
     m = CMDLINE_RE.match(line)
-    if not m:
+    return (m.group(1), m.group(2), "") if m else None
+
+
+def redact_cmdline(line: str) -> str:
+    """A kernel command line log line (or the kernel's echo of its unknown parameters) with only
+    the CMDLINE_KEPT parameters."""
+    parts = _cmdline_parts(line)
+    if parts is None:
         return line
-    params = m.group(2).split()
+    before, given, after = parts
+    params = given.split()
     kept = [p for p in params if cmdline_kept(p)]
     gone = len(params) - len(kept)
-    return m.group(1) + " ".join(kept) + (f" [{gone} parameters removed by --redact]" if gone else "")
+    return before + " ".join(kept) + after + (f" [{gone} parameters removed by --redact]" if gone else "")
 
 
 def mask_cmdline_secrets(line: str) -> str:
@@ -58,12 +74,13 @@ def mask_cmdline_secrets(line: str) -> str:
     masked; applied to every recording, redacted or not."""
     from checks.environment import MASKED, SECRET_NAME
 
-    m = CMDLINE_RE.match(line)
-    if not m:
+    parts = _cmdline_parts(line)
+    if parts is None:
         return line
+    before, given, after = parts
     params = [f"{p.split('=', 1)[0]}={MASKED}" if "=" in p and SECRET_NAME.search(p.split("=", 1)[0])
-              else p for p in m.group(2).split()]
-    return m.group(1) + " ".join(params)
+              else p for p in given.split()]
+    return before + " ".join(params) + after
 
 
 class Redactor:

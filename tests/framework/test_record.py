@@ -100,7 +100,7 @@ def view(hw: Backend) -> dict[str, Any]:
     seen["module_signer"] = _call(lambda: hw.module_signer("nvidia"))
     seen["services"] = {u: _call(lambda u=u: hw.service_state(u)) for u in record_host.SERVICES}
     seen["kernel_log"] = _call(lambda: [ln for ln in hw.kernel_log()
-                                        if record_host.KERNEL_LOG_RE.search(ln)])
+                                        if record_host.kernel_log_wanted(ln)])
     seen["environ"] = record_host.environment(hw.environ())
     try:
         nvml = hw.nvml()
@@ -208,6 +208,41 @@ def test_kernel_log_keeps_the_lines_that_matter_latest_last(tmp_path: Path) -> N
     assert not any("EXT4" in ln or "e1000" in ln for ln in kept)
     assert rec.notes and "of 1001 matching lines" in rec.notes[0]
     assert "# note: kernel log" in (tmp_path / "k.yaml").read_text()
+
+
+
+def test_one_megabyte_kernel_log_lines_are_read_in_linear_time(tmp_path: Path) -> None:
+    """A kernel-log line can be 1 MB (a driver dumping a buffer). The line filter and every
+    redaction pattern run in time linear in it: "mlx5 " a million times over took > 120 s
+    with the former mlx5.*(bandwidth|PCIe) alternative (quadratic)."""
+    mb = 1 << 20
+    lines = ["mlx5 " * (mb // 5),                                   # no bandwidth/PCIe after it
+             "[1.0] mlx5_core " + "x" * mb + " PCIe bandwidth limited",  # kept: about its link
+             "[2.0] NVRM: " + "a:" * (mb // 2),                     # kept; IPv6/MAC-like runs
+             "[3.0] nvidia " + "1." * (mb // 2)]                    # kept; IPv4-like runs
+    hw = FixtureBackend({"host": {"kernel_log": lines}, "gpus": []})
+    start = time.perf_counter()
+    rec = record.record(hw, host="node-a", redact=True)
+    elapsed = time.perf_counter() - start
+    kept = rec.scenario["host"]["kernel_log"]
+    assert [ln[:5] for ln in kept] == ["[1.0]", "[2.0]", "[3.0]"]
+    assert elapsed < 20, f"recording four 1 MB kernel-log lines took {elapsed:.1f} s"
+
+
+UNKNOWN_PARAMS = ('[0.05] Unknown kernel command line parameters "BOOT_IMAGE=/vmlinuz-6.8 '
+                  'vault_token=s3cr3t-t0ken nvidia-drm.modeset=1 site_secret_path=/x", '
+                  'will be passed to user space.')
+
+
+def test_the_kernels_unknown_parameters_line_is_redacted(tmp_path: Path) -> None:
+    """The kernel echoes the command line parameters it did not recognise on a line of its own:
+    --redact keeps only the GPU-relevant ones there too, and every recording masks secrets."""
+    hw = FixtureBackend({"host": {"kernel_log": [UNKNOWN_PARAMS]}, "gpus": []})
+    plain = record.record(hw, host="node-a").scenario["host"]["kernel_log"]
+    assert len(plain) == 1 and "s3cr3t-t0ken" not in plain[0] and "vault_token=<masked>" in plain[0]
+    redacted = record.record(hw, host="node-a", redact=True).scenario["host"]["kernel_log"]
+    assert redacted == ['[0.05] Unknown kernel command line parameters "nvidia-drm.modeset=1", '
+                        'will be passed to user space. [3 parameters removed by --redact]']
 
 
 # -- what the format cannot say, hung and broken reads --------------------------------------------

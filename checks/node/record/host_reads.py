@@ -23,9 +23,22 @@ ENV_NAMES = frozenset({"GPU_DEVICE_ORDINAL"})
 SLURM_GPU_RE = re.compile(r"SLURM_\w*GPU")
 # Kernel-log lines any check or a reader of the recording cares about. Journal notices ("-- No
 # entries --") are kept too: they say the log could not really be read.
+# Every pattern is matched in time linear in the line (a kernel-log line can be 1 MB): no
+# "A.*B" alternative, which retries from every A; mlx5 lines are judged by kernel_log_wanted.
 KERNEL_LOG_RE = re.compile(r"NVRM|\bS?Xid\b|\bAER\b|nvidia|nvswitch|nvlink|fallen off the bus|"
-                           r"PCIe Bus Error|mlx5.*(bandwidth|PCIe)|^-- ", re.IGNORECASE)
+                           r"PCIe Bus Error|^-- ", re.IGNORECASE)
+MLX5_RE = re.compile(r"mlx5", re.IGNORECASE)
+MLX5_ABOUT_RE = re.compile(r"bandwidth|PCIe", re.IGNORECASE)
 KERNEL_LOG_MAX = 300
+
+
+def kernel_log_wanted(line: str) -> bool:
+    """Whether the recording keeps this kernel-log line: KERNEL_LOG_RE, or an mlx5 line about
+    its bandwidth or PCIe link (bandwidth/PCIe after the first "mlx5"), in one pass each."""
+    if KERNEL_LOG_RE.search(line):
+        return True
+    m = MLX5_RE.search(line)
+    return bool(m and MLX5_ABOUT_RE.search(line, m.end()))
 
 
 def environment(environ: Any) -> dict[str, str]:
@@ -173,7 +186,7 @@ class HostReads(Reads):
         lines = self.fact("kernel_log", self.hw.kernel_log, errors_ok=True)
         if not isinstance(lines, list):
             return lines
-        kept = [mask_cmdline_secrets(str(line)) for line in lines if KERNEL_LOG_RE.search(str(line))]
+        kept = [mask_cmdline_secrets(str(line)) for line in lines if kernel_log_wanted(str(line))]
         if len(kept) > KERNEL_LOG_MAX:
             self.notes.append(f"kernel log: kept the latest {KERNEL_LOG_MAX} of {len(kept)} "
                               f"matching lines ({len(lines)} lines in all)")
