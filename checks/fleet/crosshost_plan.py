@@ -27,7 +27,9 @@ rail1 is slow while its rail0 pairs are fine is named with that rail (`rail_susp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -327,46 +329,113 @@ def _apply_busbw_rule(verdicts: list[GroupVerdict], rule: dict[str, Any]) -> Non
             v.reason = f"all-reduce busbw {v.busbw_gbs:.3g} GB/s, {' and '.join(why)}"
 
 
+# What malformed cross-host files raise while they are judged or merged (a group that is not a
+# mapping, a check without results, a figure that is a string): that file is not trusted.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON at `path` through the report loader's bounded reader (a FIFO or device is never
+    waited on, the size is capped, a 4 000-digit integer refused); raises OSError or ValueError."""
+    from checks.report import load
+
+    try:
+        return json.loads(load.read_regular(path), parse_int=load._bounded_int)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def _node_report_ok(doc: Any) -> bool:
+    """A cross-host node report shaped as merge() reads it: checks with an id and results."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
+        return False
+    for chk in doc["checks"]:
+        if not isinstance(chk, dict) or not isinstance(chk.get("id"), str):
+            return False
+        results = chk.get("results")
+        if not isinstance(results, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("status"), str) and isinstance(r.get("message"), str)
+                and isinstance(r.get("details") or {}, dict) for r in results):
+            return False
+    return True
+
+
 def load_node_reports(crosshost_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for path in sorted(crosshost_dir.glob("*/*.json")):
         try:
-            found.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text())
+            doc = _read_json(path)
         except (OSError, ValueError):
             continue  # an unreadable node report counts as "did not report"
+        if _node_report_ok(doc):
+            found.setdefault(path.parent.name, {})[path.stem] = doc
     return found
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {' '.join(message.split())[:300]}", file=sys.stderr)
 
 
 def merge(run_dir: str | Path) -> Analysis | None:
     """Fold reports/<run>/crosshost/ into the host reports; None when there is no cross-host
-    stage in this run."""
+    stage in this run, or when its plan cannot be read or judged (one warning line: the host
+    reports are then left as they are, and the fleet is still reported)."""
     run_dir = Path(run_dir)
     cross = run_dir / "crosshost"
     plan_file = cross / "plan.json"
-    if not plan_file.is_file():
+    if not plan_file.exists() and not plan_file.is_symlink():
         return None
-    the_plan = json.loads(plan_file.read_text())
-    nodes = load_node_reports(cross)
-    analysis = analyse(the_plan, nodes)
-    (cross / "analysis.json").write_text(json.dumps(analysis.to_dict(), indent=2) + "\n")
+    try:
+        the_plan = _read_json(plan_file)
+        if not isinstance(the_plan, dict):
+            raise ValueError("not a JSON object")
+        nodes = load_node_reports(cross)
+        analysis = analyse(the_plan, nodes)
+        summary = json.dumps(analysis.to_dict(), indent=2) + "\n"
+    except (OSError, *MALFORMED) as exc:
+        _warn(f"{plan_file}: cannot be judged ({exc.__class__.__name__}: {exc}); cross-host stage not merged")
+        return None
+    _write(cross / "analysis.json", summary)
     for host_file in sorted(run_dir.glob("*.json")):
-        host = host_file.stem
         try:
-            report = json.loads(host_file.read_text())
-        except (OSError, ValueError):
-            continue
-        checks = [c for c in report["checks"] if c["id"] not in XHOST_IDS]
-        for verdict in analysis.groups:
-            members = nodes.get(verdict.id, {})
-            if host in members:
-                checks += [_attribute(chk, host, verdict)
-                           for chk in members[host]["checks"] if chk["id"] in XHOST_IDS]
-            elif host in verdict.hosts:
-                checks.append(_absent(host, verdict))
-        report["checks"] = checks
-        _resummarise(report)
-        host_file.write_text(json.dumps(report, indent=2) + "\n")
+            _merge_host(host_file, analysis, nodes)
+        except (OSError, *MALFORMED) as exc:
+            _warn(f"{host_file}: cross-host results not merged ({exc.__class__.__name__}: {exc})")
     return analysis
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path` with a new file: a symlink planted there is never written through."""
+    tmp = path.with_name(f".{path.name}.xhost.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _merge_host(host_file: Path, analysis: Analysis, nodes: dict[str, dict[str, dict[str, Any]]]) -> None:
+    host = host_file.stem
+    if host_file.is_symlink():
+        return  # the report loader refuses it too
+    try:
+        report = _read_json(host_file)
+    except (OSError, ValueError):
+        return  # the report loader says why
+    if not _node_report_ok(report):
+        return
+    checks = [c for c in report["checks"] if c["id"] not in XHOST_IDS]
+    for verdict in analysis.groups:
+        members = nodes.get(verdict.id, {})
+        if host in members:
+            checks += [_attribute(chk, host, verdict)
+                       for chk in members[host]["checks"] if chk["id"] in XHOST_IDS]
+        elif host in verdict.hosts:
+            checks.append(_absent(host, verdict))
+    report["checks"] = checks
+    _resummarise(report)
+    _write(host_file, json.dumps(report, indent=2) + "\n")
 
 
 def _attribute(chk: dict[str, Any], host: str, verdict: GroupVerdict | None) -> dict[str, Any]:

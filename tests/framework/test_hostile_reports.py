@@ -221,3 +221,38 @@ def test_a_4000_digit_integer_is_that_hosts_error_not_a_crash(tmp_path, reports)
     hosts = _hosts(fleet)
     assert code == 1 and hosts["node0002"]["status"] == "ERROR", hosts["node0002"]
     assert "4000 digits" in json.dumps(hosts["node0002"]) and hosts["node0000"]["status"] == "PASS"
+
+
+_PLAN = {"mode": "all", "rounds": [[{"id": "g0", "hosts": ["node0000", "node0001"]}]]}
+HOSTILE_CROSSHOST = {
+    "plan not JSON": {"plan.json": "{"},
+    "plan a list": {"plan.json": "[]"},
+    "rounds a number": {"plan.json": json.dumps({"rounds": 5})},
+    "group without id": {"plan.json": json.dumps({"rounds": [[{"hosts": ["node0000"]}]]})},
+    "group a string": {"plan.json": json.dumps({"rounds": [["g0"]]})},
+    "hosts a number": {"plan.json": json.dumps({"rounds": [[{"id": "g0", "hosts": 3}]]})},
+    "busbw rule a string": {"plan.json": json.dumps({**_PLAN, "busbw_rule": "x"})},
+    "huge integer": {"plan.json": json.dumps(_PLAN).replace('"all"', "9" * 4000)},
+    "deep plan": {"plan.json": "[" * 100_000 + "]" * 100_000},
+    "node report checks a dict": {"plan.json": json.dumps(_PLAN), "g0/node0000.json": '{"checks": {}}'},
+    "node report results strings": {"plan.json": json.dumps(_PLAN),
+                                    "g0/node0000.json": json.dumps({"checks": [{"id": "xhost-collective",
+                                                                                "results": ["x"]}]})},
+    "plan a FIFO": {"plan.json": None},
+    "node report a FIFO": {"plan.json": json.dumps(_PLAN), "g0/node0000.json": None},
+}
+
+
+@pytest.mark.parametrize("files", HOSTILE_CROSSHOST.values(), ids=HOSTILE_CROSSHOST.keys())
+def test_malformed_crosshost_files_never_stop_the_fleet_report(tmp_path, reports, capsys, files) -> None:
+    run = _write(tmp_path / "run", copy.deepcopy(reports))
+    for name, text in files.items():
+        path = run / "crosshost" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            os.mkfifo(path)
+        else:
+            path.write_text(text)
+    code, fleet = _fleet(run, tmp_path)
+    assert code == 1 and set(_hosts(fleet)) == {"node0000", "node0001", "node0002"}
+    assert _hosts(fleet)["node0002"]["status"] == "PASS"
