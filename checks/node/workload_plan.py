@@ -128,3 +128,13 @@ def compute_mode_gate(ctx: Context, *, processes_per_gpu: int) -> str | None:
                     f"is in compute mode EXCLUSIVE_PROCESS (one process per GPU): running it "
                     f"would fail for the mode, not the hardware")
     return None
+
+
+def exclusive_gpus(ctx: Context) -> str | None:
+    """The GPUs in compute mode EXCLUSIVE_PROCESS, named, or None when there are none."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return None
+    exclusive = [g for g in gpus if compute_mode(g) == EXCLUSIVE]
+    return _names(exclusive) if exclusive else None

@@ -131,3 +131,34 @@ def test_cpu_host_figures_are_information_under_skip_and_reach_the_fleet(
              if isinstance(f, figures.Figure)}
     assert found == {("gpu-matmul", "cpu_matmul_fp32_gflops"): 61.2,
                      ("gpu-membw", "cpu_membw_copy_gbs"): 9.4}
+
+
+def test_exclusive_process_skips_jobs_that_open_a_second_context(run_cli: Any) -> None:
+    """DataParallel in rank 0 and the pipeline's cuda:1 check need a second CUDA context on a GPU
+    another rank holds: SKIP with the reason under EXCLUSIVE_PROCESS, not a crash."""
+    _, report = run_cli("--simulate", "workload-compute-exclusive", "--only", "train-dp",
+                        "--only", "train-pipeline", "--only", "train-ddp")
+    checks = by_id(report)
+    for job in ("train-dp", "train-pipeline"):
+        (result,) = checks[job]["results"]
+        assert result["status"] == "SKIP" and "EXCLUSIVE_PROCESS" in result["message"], result
+    (ddp,) = checks["train-ddp"]["results"]
+    assert "EXCLUSIVE_PROCESS" not in ddp["message"]   # one rank per GPU: nothing to skip
+
+
+def test_one_exclusive_gpu_runs_one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-GPU host shares its GPU between two ranks; under EXCLUSIVE_PROCESS the second rank
+    could not start, so one rank runs."""
+    from types import SimpleNamespace
+
+    from checks.node import workload_plan
+    from checks.node.suite import acceptance
+
+    monkeypatch.setattr(workload_plan, "platform", lambda ctx: SimpleNamespace(kind="cuda", devices=1))
+    monkeypatch.setattr(workload_plan, "exclusive_gpus", lambda ctx: "GPU0 (0000:01:00.0)")
+    ctx = SimpleNamespace(selected=None, options=SimpleNamespace(expect_gpus=None, nproc=None))
+    p = acceptance.plan(ctx)
+    assert (p.nproc, p.shared) == (1, False)
+    assert "ddp" in p.jobs and "dp" not in p.jobs and "pipeline" not in p.jobs
+    monkeypatch.setattr(workload_plan, "exclusive_gpus", lambda ctx: None)   # default mode
+    assert acceptance.plan(ctx).shared

@@ -88,6 +88,18 @@ class Plan:
     verdicts: dict[str, Result] = field(default_factory=dict)  # decided without launching
 
 
+# Jobs that open a second CUDA context on a GPU another rank holds: DataParallel replicates onto
+# every GPU from rank 0, the pipeline job checks its split on cuda:1. EXCLUSIVE_PROCESS refuses it.
+SECOND_CONTEXT = {"dp": "DataParallel in rank 0 replicates onto GPUs the other ranks hold",
+                  "pipeline": "the pipeline split check opens cuda:1, which rank 1 holds"}
+
+
+def _exclusive_skips(wanted: list[str], decided: dict[str, Result], names: str) -> dict[str, Result]:
+    return {j: skip(f"{why}, but {names} is in compute mode EXCLUSIVE_PROCESS (one process per GPU): "
+                    "running it would fail for the mode, not the hardware")
+            for j, why in SECOND_CONTEXT.items() if j in wanted and j not in decided}
+
+
 def _cvd_note(ctx: Context) -> str:
     cvd = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
     return "" if cvd is None else f" (CUDA_VISIBLE_DEVICES={cvd!r})"
@@ -123,6 +135,11 @@ def plan(ctx: Context) -> Plan:
         reason = skip(f"{exc} (--nproc of `checks verify`)")
         verdicts.update({j: reason for j in wanted if j not in verdicts})
         return Plan([], verdicts=verdicts)
+    exclusive = workload_plan.exclusive_gpus(ctx) if gpus else None
+    if exclusive:
+        verdicts.update(_exclusive_skips(wanted, verdicts, exclusive))
+        if shared:  # ranks would share a GPU, which admits one process: one rank per GPU
+            nproc, shared = 1, False
     if shared:
         # Ranks sharing one GPU talk over gloo, which has no CUDA reduce-scatter/all-gather for
         # FSDP and tensor parallel; the modern jobs are not proven on one shared GPU.
