@@ -3,6 +3,7 @@ additions (IMEX node list, DMI product) and the shipped Blackwell scenarios."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,18 @@ def test_platform_fails_with_a_gpu_missing_from_the_bus() -> None:
     (result,) = blackwell.platform(ctx)
     assert result.status is Status.FAIL and result.value == 7 and result.expected == "8"
 
+
+
+def test_platform_of_a_model_without_a_gpu_count_says_so() -> None:
+    """A Blackwell profile that names no gpus_per_node (a PCIe model's) must not read
+    "expected: None GPUs"."""
+    b200 = profiles.load("b200")
+    profile = dataclasses.replace(b200, data={k: v for k, v in b200.data.items() if k != "gpus_per_node"})
+    assert profile.get("gpus_per_node") is None and profile.get("blackwell")
+    ctx = Context(FixtureBackend(load_scenario("blackwell-b200-8x-healthy")), profile, Options())
+    (result,) = blackwell.platform(ctx)
+    assert result.status is Status.PASS and "None" not in str(result.expected)
+    assert result.expected == "a Blackwell GPU on the bus (no fixed count)"
 
 def test_platform_reports_without_dmi() -> None:
     ctx = _ctx("blackwell-b200-8x-healthy", "b200", host={"dmi_product": None})
