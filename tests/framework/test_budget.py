@@ -132,6 +132,8 @@ def test_slurm_health_check_passes_its_budget_on(monkeypatch, tmp_path) -> None:
 
     monkeypatch.setattr(slurm, "run_checks", fake_run)
     monkeypatch.setattr(slurm, "node_state", lambda node: slurm.NodeState("idle", ""))
+    # The per-node path reads the whole cluster's drains once (its drain budget).
+    monkeypatch.setattr(slurm, "cluster_view", lambda node, prefix: (slurm.NodeState("idle", ""), [], 1))
     code = slurm.main(["health-check", "--node", "n1", "--budget", "90s", "--state-dir", str(tmp_path),
                        "--", "--simulate", "cpu-only-healthy"])
     assert code == 0
