@@ -188,3 +188,35 @@ def _leaves(doc: Any) -> list[Any]:
     if isinstance(doc, list):
         return [x for v in doc for x in _leaves(v)]
     return [doc]
+
+
+_XPLAN = {"mode": "all", "busbw_rule": {"floor_gbs": 1.0, "pct": 10},
+          "rounds": [[{"id": "g0", "hosts": ["node0000", "node0001"], "rail": None}]]}
+_XNODE = {"checks": [{"id": "xhost-collective", "code": "XHOST001",
+                      "results": [{"status": "PASS", "message": "ok", "details": {"group": "g0"}}]}]}
+
+
+@FUZZ
+@given(which=st.sampled_from(["plan.json", "g0/node0000.json"]), pick=st.integers(0, 10**6), value=values)
+def test_fuzz_crosshost_files(which: str, pick: int, value: Any) -> None:
+    """The cross-host stage's plan and node reports, one value replaced anywhere: the fleet is
+    still reported for every host (the stage at worst not merged, with one warning line)."""
+    files = {"plan.json": copy.deepcopy(_XPLAN), "g0/node0000.json": copy.deepcopy(_XNODE),
+             "g0/node0001.json": copy.deepcopy(_XNODE)}
+    paths = _paths(files[which])
+    files[which] = _set(files[which], paths[pick % len(paths)], value)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        (run / "crosshost" / "g0").mkdir(parents=True)
+        for doc in _reports():
+            (run / f"{doc['host']}.json").write_text(json.dumps(doc))
+        for name, doc in files.items():
+            try:
+                (run / "crosshost" / name).write_text(json.dumps(doc, allow_nan=True), errors="surrogatepass")
+            except (TypeError, ValueError):
+                (run / "crosshost" / name).write_text("{}")
+        out = Path(tmp) / "fleet.json"
+        code, err = _quiet(lambda: fleet_main(["report", str(run), "--no-history", "--json", str(out)]))
+        assert "Traceback" not in err and code in (0, 1), err
+        hosts = {h["host"] for h in json.loads(out.read_text())["hosts"]}
+        assert hosts == {"node0000", "node0001", "node0002"}
