@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(not Path(sys.executable).with_name("ansible-inventory").exists(),
                     reason="needs ansible-core in this venv")
 @pytest.mark.parametrize(("text", "message"), [
-    (None, "no inventory file"),
+    (None, "does not exist"),
     ("[gpu_nodes\nnode1 ansible_host=\n=[[\n", "does not parse"),
     ("", "lists no hosts in group gpu_nodes"),
     ("[other]\nnode1\n", "lists no hosts in group gpu_nodes"),
