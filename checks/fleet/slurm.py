@@ -441,6 +441,11 @@ def _scripts(args: argparse.Namespace) -> int:
     print(f"deadlines from {limits.source}: checks {plan.check_timeout_s:g} s (HealthCheckProgram "
           f"limit {slurm_conf.HEALTH_CHECK_LIMIT_S:g} s), Slurm calls "
           f"{plan.slurm_call_timeout_s:g} s, prolog calls {plan.prolog_call_timeout_s:g} s")
+    if limits.source == "defaults":
+        print(f"note: no slurm.conf at {slurm_conf.conf_path(args.slurm_conf)} here: deadlines from "
+              "Slurm's defaults, and the wrappers' sinfo/scontrol calls need the slurm.conf slurmd "
+              "runs with (set SLURM_CONF, or --slurm-conf FILE for the deadlines; configless "
+              "slurmd: its cached copy)")
     if shutil.which("scontrol") is None:
         print("note: scontrol is not on PATH here: the wrappers name /usr/bin/scontrol, which "
               "they need to drain the node when a run fails without acting")

@@ -82,3 +82,19 @@ def test_scripts_say_when_a_refused_job_would_be_held(tmp_path, capsys, sched, n
     assert ("requeued held (launch_failed_requeued_held)" in out) is noted
     prolog = (tmp_path / "bin" / "nodecert-prolog").read_text()
     assert "prolog --apply" in prolog and "--slurm-timeout 2.5" in prolog
+
+
+def test_scripts_warn_when_they_find_no_slurm_conf(tmp_path, capsys, monkeypatch) -> None:
+    """The wrappers' Slurm calls need the slurm.conf slurmd uses; scripts says when it finds none
+    (its deadlines then come from Slurm's defaults) and says nothing when it reads one."""
+    from checks.fleet import slurm
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    missing = tmp_path / "nowhere" / "slurm.conf"
+    assert slurm.main(["scripts", str(tmp_path / "bin"), "--slurm-conf", str(missing)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: no slurm.conf at {missing} here" in out and "Slurm's defaults" in out
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("MessageTimeout=10\n")
+    assert slurm.main(["scripts", str(tmp_path / "bin2"), "--slurm-conf", str(conf)]) == 0
+    assert "no slurm.conf" not in capsys.readouterr().out
