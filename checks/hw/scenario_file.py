@@ -180,6 +180,7 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
     if nvml not in NVML_KINDS:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
     _validate_types(path, data)
+    _validate_gpu_values(path, data)
     for key in ("cpu_count", "shm_bytes"):
         host = data.get("host") or {}
         value = host.get(key)
@@ -234,6 +235,31 @@ def _validate_types(path: Path, data: dict[str, Any]) -> None:
                 continue
             if isinstance(value, bool) or not isinstance(value, allowed):
                 raise _type_error(path, f"{where}.{key}", value, allowed)
+
+
+# Counters NVML returns as unsigned integers: a negative one describes no machine.
+_GPU_COUNTERS = ("ecc_volatile_uncorrected", "ecc_volatile_corrected", "ecc_aggregate_uncorrected",
+                 "ecc_aggregate_corrected", "retired_pages_sbe", "retired_pages_dbe",
+                 "retired_pages_pending", "pcie_replay_counter")
+
+
+def _validate_gpu_values(path: Path, data: dict[str, Any]) -> None:
+    """Values no GPU reports: a negative counter, two GPUs with one UUID (NVML's UUIDs are unique
+    per GPU, and reports, drains and history key GPUs on them)."""
+    defaults = data.get("gpu_defaults") or {}
+    seen: dict[str, int] = {}
+    for i, gpu in enumerate(data.get("gpus") or []):
+        fields = merge(defaults, gpu or {})
+        for key in _GPU_COUNTERS:
+            value = fields.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+                raise ScenarioError(f"{path}: gpus[{i}].{key} must be a non-negative count, got {value}")
+        uuid = fields.get("uuid")
+        if isinstance(uuid, str):
+            if uuid in seen:
+                raise ScenarioError(f"{path}: gpus[{i}] has the UUID of gpus[{seen[uuid]}] ({uuid:.60}): "
+                                    "each GPU's UUID is its own")
+            seen[uuid] = i
 
 
 def _validate_rdma(path: Path, rdma: Any, check_keys: Any) -> None:

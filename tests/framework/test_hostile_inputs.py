@@ -131,3 +131,26 @@ def test_a_hostile_expect_yaml_is_one_line(text, reason, tmp_path) -> None:
         expectations.load(path)
     message = str(info.value)
     assert reason in message and "\n" not in message and message.startswith(str(path)), message
+
+
+NONSENSE_GPUS = {
+    # NVML's counters are unsigned: no GPU reports a negative one.
+    "gpus[3].ecc_volatile_uncorrected must be a non-negative count":
+        {"gpu_overrides": {3: {"ecc_volatile_uncorrected": -1}}},
+    "gpus[0].retired_pages_dbe must be a non-negative count":
+        {"gpu_defaults": {"retired_pages_dbe": -5}},
+    # Two GPUs with one UUID: reports, drains and history key a GPU on its UUID.
+    "gpus[1] has the UUID of gpus[0]":
+        {"gpu_overrides": {0: {"uuid": "GPU-11111111-2222-3333-4444-555555555555"},
+                           1: {"uuid": "GPU-11111111-2222-3333-4444-555555555555"}}},
+}
+
+
+@pytest.mark.parametrize("reason", NONSENSE_GPUS)
+def test_a_scenario_no_gpu_could_report_is_one_line_exit_2(tmp_path, capsys, reason) -> None:
+    path = tmp_path / "nonsense.yaml"
+    path.write_text(yaml.safe_dump({"description": "test: values no GPU reports",
+                                    "extends": "h100-sxm-8x-healthy", **NONSENSE_GPUS[reason]}))
+    code, err = _simulate(path, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {path}") and reason in err[0], err
