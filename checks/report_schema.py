@@ -86,5 +86,26 @@ def consistency_problem(report: dict[str, Any]) -> str | None:
     return None
 
 
+# How far ahead of the reader's clock a report's start may be (clocks of a fleet drift; NTP keeps
+# them within seconds, a day is generous). Further ahead is a wrong clock or an edited report, and
+# would keep the report looking fresh for ever (the staleness alert reads when it finished).
+MAX_CLOCK_AHEAD_S = 86400.0
+
+
+def time_problem(report: dict[str, Any], now: float) -> str | None:
+    """A report whose start is more than a day after `now` (Unix time)."""
+    try:
+        started = dt.datetime.fromisoformat(str(report.get("started_at")))
+    except ValueError:  # the schema judges the format; only a readable time can be in the future
+        return None
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=dt.timezone.utc)
+    ahead = started.timestamp() - now
+    if ahead > MAX_CLOCK_AHEAD_S:
+        return (f"started_at {started.isoformat()} is {ahead / 86400:.0f} days after this "
+                "machine's clock: a wrong clock on the node or an edited report")
+    return None
+
+
 def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text())

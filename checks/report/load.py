@@ -14,6 +14,7 @@ import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +193,8 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
     if isinstance(doc, dict) and doc.get("schema") == FLEET_SCHEMA_NAME:
         return None
     problem = (host_name_problem(name) or text_problem(doc, raw) or (validate or validator())(doc)
-               or report_schema.host_problem(doc["host"]) or report_schema.consistency_problem(doc))
+               or report_schema.host_problem(doc["host"]) or report_schema.consistency_problem(doc)
+               or report_schema.time_problem(doc, time.time()))
     if problem:
         return unreadable(problem)
     return HostReport(name, doc, None, path)

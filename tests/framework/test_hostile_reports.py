@@ -5,6 +5,7 @@ reason; every other host is still reported, in every output format."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import os
 import sys
@@ -256,3 +257,19 @@ def test_malformed_crosshost_files_never_stop_the_fleet_report(tmp_path, reports
     code, fleet = _fleet(run, tmp_path)
     assert code == 1 and set(_hosts(fleet)) == {"node0000", "node0001", "node0002"}
     assert _hosts(fleet)["node0002"]["status"] == "PASS"
+
+
+def test_a_start_time_in_the_future_is_that_hosts_error_not_a_fresh_report(tmp_path, reports) -> None:
+    """A report started in 2999 would look fresh for ever (the staleness alert reads when it
+    finished): the host is an ERROR naming the clock; a few hours ahead (drift) is still read."""
+    docs = copy.deepcopy(reports)
+    docs[0]["started_at"] = "2999-01-01T00:00:00+00:00"
+    hours_ahead = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=3)
+    docs[2]["started_at"] = hours_ahead.isoformat()
+    code, fleet = _fleet(_write(tmp_path / "run", docs), tmp_path)
+    assert code == 1
+    hosts = _hosts(fleet)
+    assert hosts["node0000"]["status"] == "ERROR", hosts["node0000"]
+    assert "started_at 2999-01-01T00:00:00+00:00 is" in hosts["node0000"]["reason"]
+    assert "a wrong clock on the node or an edited report" in hosts["node0000"]["reason"]
+    assert hosts["node0002"]["status"] == "PASS"
