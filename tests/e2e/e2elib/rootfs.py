@@ -214,6 +214,17 @@ def _fetchable(work: Path, *packages: str) -> str:
     return ""
 
 
+class ArchiveGap(RuntimeError):
+    """Ubuntu's archive serves a driver of the branch that no kernel has precompiled modules for
+    yet: Canonical publishes linux-modules-nvidia-* after the driver (a security update of the
+    driver, say), and -updates keeps only the newest driver. Until the modules follow, no image
+    with the precompiled path can be built."""
+
+
+# (release, kernel meta version) -> why no image could be built: asked again, said at once.
+_GAPS: dict[tuple[str, str], str] = {}
+
+
 def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
     """The packages that give the image its kernel, and the note: linux-image-virtual when the
     mirror serves its kernel's NVIDIA modules and their -generic meta package, else the newest
@@ -243,7 +254,8 @@ def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
         if not _fetchable(work, *(f"{p}-{candidate}" for p in (MODULES_FOR, "linux-image", "linux-modules"))):
             note = {"kernel": candidate, "meta": f"no: the mirror does not serve {missing}"}
             return [f"linux-image-{candidate}"], note
-    raise RuntimeError(f"the mirror serves no {MODULES_FOR}-<kernel> for driver {driver}")
+    raise ArchiveGap(f"the archive serves nvidia-kernel-common-580-server {driver} but no "
+                     f"{MODULES_FOR}-<kernel> built for it yet (Canonical publishes them after the driver)")
 
 
 def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_config: str) -> Path:
@@ -257,6 +269,8 @@ def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_c
         fcntl.flock(lock, fcntl.LOCK_EX)
         if tarball.exists():
             return tarball
+        if (release.name, meta_version) in _GAPS:
+            raise ArchiveGap(_GAPS[(release.name, meta_version)])
         work = unpack(base, tarball.with_suffix(".build"))
         path, content = ubuntu_sources(release)
         (work / "etc/apt/sources.list").write_text("")
@@ -265,7 +279,12 @@ def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_c
         _chroot(work, "apt-get", "update", "-q")
         # Current, as a freshly published cloud image is (debootstrap took the release pocket).
         _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
-        packages, note = _pick_kernel(work)
+        try:
+            packages, note = _pick_kernel(work)
+        except ArchiveGap as gap:
+            _GAPS[(release.name, meta_version)] = str(gap)
+            remove_root(work)
+            raise
         _chroot(work, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages)
         _chroot(work, "apt-get", "clean")
         _chroot(work, "apt-cache", "stats")
