@@ -70,7 +70,13 @@ def nvml_libdir() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     if not deb.exists() or hashlib.sha256(deb.read_bytes()).hexdigest() != entry["SHA256"]:
         part = deb.with_suffix(".part")
-        part.write_bytes(_fetch(f"{ARCHIVE}/{entry['Filename']}", timeout=600))
+        try:
+            part.write_bytes(_fetch(f"{ARCHIVE}/{entry['Filename']}", timeout=600))
+        except (urllib.error.URLError, OSError) as exc:
+            # The index can name a file the mirror does not serve (2026-12-04: noble-updates listed
+            # 580.196.07 and its pool answered 404; 570-server and 535-server had become
+            # transitional packages depending on it): the archive's state, not this code's.
+            pytest.skip(f"Ubuntu archive {ARCHIVE} does not serve {entry['Filename']}: {exc}")
         digest = hashlib.sha256(part.read_bytes()).hexdigest()
         assert digest == entry["SHA256"], f"{deb.name}: SHA256 {digest}, index says {entry['SHA256']}"
         part.rename(deb)
