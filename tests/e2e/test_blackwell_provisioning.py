@@ -31,10 +31,11 @@ UBUNTU_2404 = {"distribution": "Ubuntu", "distribution_version": "24.04", "distr
 X86 = {**UBUNTU_2404, "architecture": "x86_64"}
 GRACE = {**UBUNTU_2404, "architecture": "aarch64"}
 DOMAIN = [f"10.0.7.{n}" for n in range(1, 19)]  # an NVL72 rack's 18 compute trays
-# Wheel names as PyTorch's cu128 index lists them (manylinux_2_28 for both machines).
+# Wheel names as PyTorch's per-CUDA index lists them (manylinux_2_28 for both machines): the
+# CUDA 13.0 build, the one the pytorch role picks for these GPUs on branch 580.
 WHEELS = (
-    "torch-2.13.0+cu128-cp312-cp312-manylinux_2_28_x86_64.whl",
-    "torch-2.13.0+cu128-cp312-cp312-manylinux_2_28_aarch64.whl",
+    "torch-2.13.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "torch-2.13.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
 )
 
 # name: (GPUs as (device ID, count), NVSwitches, facts, DMI product, settings)
@@ -110,6 +111,8 @@ def selection(tmp_path_factory) -> tuple[dict[str, dict], dict[str, str], str]:
         "ANSIBLE_FORKS": "4",
         "ANSIBLE_LOCAL_TEMP": str(base / "ansible-tmp"),
         "ANSIBLE_LIBRARY": f"{ROLES / 'preflight' / 'library'}:{ROLES / 'pytorch' / 'library'}",
+        # The pytorch role's choice of torch's CUDA build (pytorch_index_url follows it).
+        "ANSIBLE_FILTER_PLUGINS": str(ROLES / "pytorch" / "filter_plugins"),
     }
     proc = subprocess.run(
         [str(playbook), "-i", str(inventory), str(PLAY)],
@@ -176,14 +179,15 @@ def test_grace_host_uses_sbsa_arm64_packages_and_an_aarch64_wheel(selection, hos
     node = selection[0][host]
     assert node["cuda_repo"].endswith("/ubuntu2404/sbsa/"), node["cuda_repo"]
     assert node["nvsdm_candidates"] == []  # NVIDIA publishes no libnvsdm for arm64
-    assert node["torch_index"] == "https://download.pytorch.org/whl/cu128"
-    assert node["torch_wheels"] == ["torch-2.13.0+cu128-cp312-cp312-manylinux_2_28_aarch64.whl"]
+    assert node["torch_index"] == "https://download.pytorch.org/whl/cu130"
+    assert node["torch_wheels"] == ["torch-2.13.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl"]
 
 
 def test_x86_hosts_use_the_x86_64_repository_and_wheel(selection):
     node = selection[0]["hgx-b200"]
     assert node["cuda_repo"].endswith("/ubuntu2404/x86_64/")
-    assert node["torch_wheels"] == ["torch-2.13.0+cu128-cp312-cp312-manylinux_2_28_x86_64.whl"]
+    assert node["torch_index"] == "https://download.pytorch.org/whl/cu130"
+    assert node["torch_wheels"] == ["torch-2.13.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl"]
 
 
 @pytest.mark.parametrize("host", ["b200-vm-slice", "hgx-h100", "gh200", "l40s"])
