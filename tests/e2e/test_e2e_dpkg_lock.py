@@ -39,7 +39,8 @@ def test_every_selection_task_retries_while_dpkg_is_locked(item) -> None:
     register = task.get("register")
     assert register, "no register: the retry cannot see the result"
     until = " ".join(task.get("until", "").split())
-    assert until.startswith(f"{register} is not failed or 'lock' not in"), task
+    assert until.startswith(f"{register} is not failed or ('lock' not in"), task
+    assert f"and {register}.rc | default(0) != 32)" in until, task  # dpkg gone before its input
     assert "preflight_apt_lock_timeout" in str(task.get("retries")), task
     assert task.get("delay") == 5
 
@@ -93,17 +94,20 @@ def _hold_under_lock(root: Path, workdir: Path, wrapper: Path, home: Path, lock_
 
 
 def test_a_hold_waits_for_a_lock_that_is_released(root, workdir, chroot_wrapper, ansible_home) -> None:
-    result = _hold_under_lock(root, workdir, chroot_wrapper, ansible_home("dpkg-lock"), 60, release_after=8)
-    assert result.rc == 0, result
-    assert "FAILED - RETRYING: [locked]: Hold NCCL" in result.output, result
+    result = _hold_under_lock(root, workdir, chroot_wrapper, ansible_home("dpkg-lock"), 60, release_after=10)
+    assert result.rc == 0, result.output[-3000:]
+    assert "FAILED - RETRYING: [locked]: Hold NCCL" in result.output, result.output[-3000:]
     assert _selection(root, "base-files") == "hold"
     runner.in_root(root, "sh", "-c", "echo base-files install | dpkg --set-selections")
 
 
 def test_a_lock_held_past_the_timeout_fails_naming_it(root, workdir, chroot_wrapper, ansible_home) -> None:
     result = _hold_under_lock(root, workdir, chroot_wrapper, ansible_home("dpkg-lock"), 5, release_after=None)
-    assert result.rc == 2, result
-    # A looped task prints its failure per item.
-    assert "failed: [locked] (item=base-files)" in result.output, result
-    assert "frontend lock was locked by another process" in result.output, result
+    assert result.rc == 2, result.output[-3000:]
+    assert "FAILED - RETRYING: [locked]: Hold NCCL" in result.output, result.output[-3000:]
+    # A looped task prints its failure per item: dpkg's lock message, or, on a loaded machine,
+    # the broken pipe of a dpkg that found the lock taken and exited before reading its input.
+    assert "failed: [locked] (item=base-files)" in result.output, result.output[-3000:]
+    assert ("frontend lock was locked by another process" in result.output
+            or "Broken pipe" in result.output), result.output[-3000:]
     assert _selection(root, "base-files") == "install"
