@@ -107,14 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU model profile with the thresholds (default: detected from the GPUs; "
                         f"available: {', '.join(profiles.available())})")
     p.add_argument("--expect-gpus", type=cliutil.number(int, minimum=0), metavar="N",
-                   help="number of GPUs this host must have (default: what the PCI bus shows)")
+                   help="number of GPUs this host must have (default: what provisioning counted, from "
+                        "/etc/nodecert/expect.yaml; without it, what the PCI bus shows)")
     p.add_argument("--expect-gpu-ids", type=_gpu_ids, metavar="ID[,ID]",
                    help="PCI IDs (vendor:device, as lspci -n prints them) every GPU must have, "
-                        "e.g. 10de:2330 for H100 SXM: the model provisioning saw")
+                        "e.g. 10de:2330 for H100 SXM (default: the model provisioning saw)")
     p.add_argument("--expect-driver", type=_driver, metavar="VERSION",
-                   help="driver branch (e.g. 580) or exact version the host must run")
+                   help="driver branch (e.g. 580) or exact version the host must run (default: the "
+                        "branch provisioning installed)")
     p.add_argument("--expect-cuda", type=_cuda, metavar="X.Y",
-                   help="minimum CUDA version the driver must support")
+                   help="minimum CUDA version the driver must support (default: the CUDA release "
+                        "provisioning installed)")
     p.add_argument("--expect-nvlink", type=cliutil.number(int, minimum=0), metavar="N",
                    help="NVLink links that must be up on every GPU (default: inferred from the "
                         "model profile, NVSwitches on the bus and the links in use; set it for "
