@@ -74,7 +74,8 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float,
                state_dir: Path | None = None) -> Verdict:
     """Run `python -m checks` here under the deadline (checks.fleet.slurm_gate); the report, or
     a FAIL stand-in saying why there is none, is kept as state_dir/last.json."""
-    result, report = gate.run_checks(level, extra, timeout_s)
+    progress = state_dir / gate.PROGRESS if state_dir is not None else None
+    result, report = gate.run_checks(level, extra, timeout_s, progress)
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
         keep_last(state_dir, report, result)
@@ -198,7 +199,7 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
             stale = gate.stale_marker(state_dir)
             gate.start_marker(state_dir, role, args.timeout)
             if stale is not None:  # the last run was killed: that is this run's finding
-                result = gate.killed_verdict(stale)
+                result = gate.killed_verdict(stale, state_dir)
                 keep_last(state_dir, None, result)
             else:
                 result = run_checks(args.level, extra, args.timeout, state_dir)

@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ RUN_ID = "nodecert-run"  # stands for the check id in the reason when the checks
 WRAPPER_ID = "nodecert-wrapper"  # the check id in the reason when the wrapper itself failed
 LAST = "last.json"
 RUNNING = "running.json"
+PROGRESS = "current-check"  # the id of the check the run started last (checks.node.watchdog)
 LOCK = ".lock"
 SLURM_ERROR = "slurm-error.json"  # our prolog/epilog exited non-zero without its own drain
 TEXTFILE = "nodecert.prom"
@@ -75,16 +77,41 @@ def _proc_state(pid: int) -> str:
         return "?"
 
 
-def run_checks(level: str, extra: Sequence[str], timeout_s: float
+CHECK_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")  # a registry id, as the reason may carry it
+
+
+def running_check(progress: Path) -> str | None:
+    """The check the run had started last (checks.node.watchdog writes its id to the
+    NODECERT_PROGRESS file before each check); None when there is none or it is not an id."""
+    try:
+        with progress.open("rb") as f:
+            text = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if CHECK_ID.fullmatch(text) else None
+
+
+def _hung(progress: Path) -> str:
+    check = running_check(progress)
+    return f"{RUN_ID} hung in {check}:" if check else RUN_ID
+
+
+def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Path | None = None
                ) -> tuple[Verdict, dict[str, Any] | None]:
     """Run `python -m checks` under the deadline; a run that crashes or hangs is a failure too.
+    A hung run's reason names the check it hung in (the progress file, default a temporary).
     Returns the verdict and the report (None when there is none)."""
 
     with tempfile.TemporaryDirectory(prefix="nodecert-") as tmp:
         path = Path(tmp) / "report.json"
+        progress = progress or Path(tmp) / PROGRESS
+        with contextlib.suppress(OSError):
+            progress.unlink()  # an earlier run's check is not this run's
         cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
+        env = {**os.environ, procs.ENV_PROGRESS: str(progress)}
         # its own session, killed by the kernel when this wrapper dies (PR_SET_PDEATHSIG)
-        proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=env)
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_term(signum: int, frame: object) -> None:
@@ -99,11 +126,11 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float
             try:  # drain first, then reap: a process in the kernel (D state) ignores SIGKILL
                 proc.wait(timeout=REAP_S)
             except subprocess.TimeoutExpired:
-                return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s (timeout: "
-                                     f"killed, but pid {proc.pid} did not end in {REAP_S:g} s, "
-                                     f"state {_proc_state(proc.pid)}: stuck in the kernel; "
-                                     "not reaped)"), None
-            return Verdict(True, f"{RUN_ID} did not finish in {timeout_s:g} s (timeout: "
+                return Verdict(True, f"{_hung(progress)} did not finish in {timeout_s:g} s "
+                                     f"(timeout: killed, but pid {proc.pid} did not end in "
+                                     f"{REAP_S:g} s, state {_proc_state(proc.pid)}: stuck in the "
+                                     "kernel; not reaped)"), None
+            return Verdict(True, f"{_hung(progress)} did not finish in {timeout_s:g} s (timeout: "
                                  "killed)"), None
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -186,8 +213,9 @@ def start_marker(state_dir: Path, role: str, deadline_s: float) -> None:
 
 
 def clear_marker(state_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / RUNNING).unlink()
+    for name in (RUNNING, PROGRESS):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
 
 
 def stale_marker(state_dir: Path) -> dict[str, Any] | None:
@@ -203,9 +231,13 @@ def stale_marker(state_dir: Path) -> dict[str, Any] | None:
         return {"at": "?", "role": "?"}
 
 
-def killed_verdict(marker: dict[str, Any]) -> Verdict:
-    return Verdict(True, f"{RUN_ID} ({marker.get('role', '?')}) started {marker.get('at', '?')} "
-                         "was killed before it finished")
+def killed_verdict(marker: dict[str, Any], state_dir: Path | None = None) -> Verdict:
+    """A killed run's verdict, naming the check it was in when the state directory kept it."""
+    check = running_check(state_dir / PROGRESS) if state_dir is not None else None
+    where = f" in {check}" if check else ""
+    # the check before the start time: a reason cut at REASON_MAX loses the time first
+    return Verdict(True, f"{RUN_ID} ({marker.get('role', '?')}) was killed{where} before it "
+                         f"finished (started {marker.get('at', '?')})")
 
 
 def killed_run(state_dir: Path) -> Verdict | None:
@@ -215,12 +247,12 @@ def killed_run(state_dir: Path) -> Verdict | None:
         return None
     if not (state_dir / LOCK).exists():
         marker = stale_marker(state_dir)
-        return killed_verdict(marker) if marker else None
+        return killed_verdict(marker, state_dir) if marker else None
     with state_lock(state_dir, 0, create=False) as got:
         if not got:
             return None
         marker = stale_marker(state_dir)
-        return killed_verdict(marker) if marker else None
+        return killed_verdict(marker, state_dir) if marker else None
 
 
 def note_slurm_error(state_dir: Path, role: str, why: str) -> None:

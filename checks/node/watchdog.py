@@ -11,6 +11,11 @@ by itself (a crash in a C extension, the OOM killer) makes the check it was runn
 same way. The worker dies with this process (PR_SET_PDEATHSIG), and this process kills it on
 every way out (SIGINT/SIGTERM arrive here as procs.Terminated).
 
+With NODECERT_PROGRESS=FILE in its environment (the Slurm wrapper sets it), the worker writes
+the id of each check into FILE, replaced atomically, just before it starts that check: a wrapper
+whose run hangs (even with this process stopped, or the check stuck in the kernel) can then say
+which check it hung in. Best effort: a file that cannot be written changes nothing else.
+
 Forked, not spawned: the worker starts with this process's imports, registry, profile and
 hardware backend at no cost (a quick run forks once). This process touches neither torch nor
 CUDA before forking, so the worker may.
@@ -48,12 +53,27 @@ def _send(fd: int, message: tuple[Any, ...]) -> None:
         view = view[os.write(fd, view):]
 
 
+def _note_progress(check_id: str) -> None:
+    """NODECERT_PROGRESS's file holds the id of the check about to run (see the docstring)."""
+    path = os.environ.get(procs.ENV_PROGRESS)
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as f:
+            f.write(check_id + "\n")
+        os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)  # left only when the replace failed
+
+
 def _serve(checks: list[Check], ctx: Context, fd: int) -> None:
     """Worker side: run each check in this (main) thread, announce it, send its outcome. The
     checks' prepare hooks run first (what they start dies with this worker, or is closed)."""
     close = runner.prepare(checks, ctx)
     try:
         for chk in checks:
+            _note_progress(chk.id)
             _send(fd, ("start", chk.id))
             done = runner.run_one(chk, ctx, in_thread=False)
             try:

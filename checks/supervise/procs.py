@@ -115,6 +115,9 @@ def kill_all(pids: list[int], grace_s: float = 5.0) -> list[int]:
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 ENV_PARENT = "NODECERT_GUARD_PARENT"  # pid a guarded child expects as its parent
+# a file where `python -m checks` keeps the id of the check it started last (checks.node.watchdog;
+# the Slurm wrapper reads it to name the check a hung run hung in)
+ENV_PROGRESS = "NODECERT_PROGRESS"
 
 
 def _load_prctl():  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,10 +223,17 @@ def test_a_stopped_check_is_killed_and_the_node_drained_by_its_watchdog(
                     "--", "--simulate", str(scenario)).returncode == 0
     _only(cluster, node, "nodecert-healthcheck")
     check = _wait_for_pid("checks", "--simulate", str(scenario))
+    # the whole run stops once it has started a check: its worker first, then the top process
+    progress = state / "current-check"
+    cluster.wait_for(progress.exists, 30, "the run to start a check")
+    for worker in [pid for pid in _pids("checks", "--simulate", str(scenario)) if pid != check]:
+        os.kill(worker, signal.SIGSTOP)
     os.kill(check, signal.SIGSTOP)
+    hung_in = progress.read_text().strip()
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 90, "the drain")
     reason = cluster.node_state(node)[1]
-    assert reason == "NODECERT: nodecert-run did not finish in 10 s (timeout: killed)", reason
+    assert reason == (f"NODECERT: nodecert-run hung in {hung_in}: did not finish in 10 s "
+                      "(timeout: killed)"), reason
     kept = slurm.last_verdict(state)
     assert kept.failed and "did not finish in 10 s" in kept.summary  # no stale PASS
     assert _gone(check)
@@ -250,8 +258,10 @@ def test_a_killed_wrapper_leaves_no_check_and_its_trace_drains(cluster, node1, t
     # the wrapper's shell drains at once; the next health check names the killed run's start
     reason = cluster.node_state(node)[1]
     assert reason == "NODECERT: nodecert-run (health-check) killed by signal 9 before it finished" or (
-        reason.startswith("NODECERT: nodecert-run (health-check) started ")), reason
-    cluster.wait_for(lambda: cluster.node_state(node)[1].endswith("was killed before it finished")
+        reason.startswith("NODECERT: nodecert-run (health-check) was killed ")), reason
+    cluster.wait_for(lambda: re.match(r"NODECERT: nodecert-run \(health-check\) was killed "
+                                      r"(in [a-z0-9-]+ )?before it finished \(started ",
+                                      cluster.node_state(node)[1]) is not None
                      or cluster.node_state(node) == ("idle", ""), 90, "the killed run's trace")
     # The next passing run resumes the node it drained.
     cluster.wait_for(lambda: cluster.node_state(node) == ("idle", ""), 120, "the resume")

@@ -162,3 +162,64 @@ def test_a_check_run_the_kill_cannot_end_is_judged_without_being_reaped(tmp_path
     pid = int(result.summary.split("pid ")[1].split()[0])
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+
+
+def test_a_hung_run_names_the_check_it_hung_in(tmp_path, monkeypatch) -> None:
+    """The run writes the id of each check it starts into NODECERT_PROGRESS's file; at the
+    deadline the verdict (so the drain reason) names it. The stand-in interpreter does what the
+    watchdog's worker does (the real writer: the test below), then hangs."""
+    import time
+
+    from checks.fleet import slurm_gate
+
+    hanging = tmp_path / "python"
+    hanging.write_text('#!/bin/sh\necho nvlink-topology > "$NODECERT_PROGRESS"\nexec sleep 300\n')
+    hanging.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hanging))
+    progress = tmp_path / "state" / slurm_gate.PROGRESS
+    progress.parent.mkdir()
+    progress.write_text("gpu-occupied\n")  # an earlier run's: never this run's
+    started = time.monotonic()
+    result, report = slurm_gate.run_checks("quick", [], timeout_s=1.0, progress=progress)
+    assert report is None and time.monotonic() - started < 1.0 + slurm_gate.REAP_S + 2
+    assert result.summary == ("nodecert-run hung in nvlink-topology: did not finish in 1 s "
+                              "(timeout: killed)"), result.summary
+    reason = slurm.drain_reason("NODECERT", result.summary)
+    assert reason.startswith("NODECERT: nodecert-run hung in nvlink-topology: ")
+
+
+@pytest.mark.parametrize("written", ["", "not an id; DROP\n", "x" * 200, "\x00\xff"])
+def test_a_progress_file_that_is_not_a_check_id_is_not_quoted(tmp_path, written) -> None:
+    from checks.fleet import slurm_gate
+
+    progress = tmp_path / "current-check"
+    progress.write_text(written, errors="surrogateescape")
+    assert slurm_gate.running_check(progress) is None
+    assert slurm_gate.running_check(tmp_path / "absent") is None
+
+
+def test_the_checks_write_the_check_they_start(tmp_path, monkeypatch) -> None:
+    """python -m checks (its watchdog's worker) replaces the progress file before each check:
+    after a run it holds the last check's id, and nothing else is left in its directory."""
+    from checks.node import node_cli
+
+    progress = tmp_path / "p" / "current-check"
+    progress.parent.mkdir()
+    monkeypatch.setenv("NODECERT_PROGRESS", str(progress))
+    code = node_cli.main(["--simulate", "h100-sxm-8x-healthy", "--only", "driver-loaded,gpu-occupied",
+                          "--no-json", "-q"])
+    assert code == 0
+    assert progress.read_text() == "gpu-occupied\n"
+    assert [p.name for p in progress.parent.iterdir()] == ["current-check"]
+
+
+def test_a_killed_run_names_the_check_it_was_in(tmp_path) -> None:
+    from checks.fleet import slurm_gate
+
+    (tmp_path / slurm_gate.PROGRESS).write_text("dcgm-diag\n")
+    marker = {"role": "health-check", "at": "2026-12-04T10:00:00+0000"}
+    assert slurm_gate.killed_verdict(marker, tmp_path).summary == (
+        "nodecert-run (health-check) was killed in dcgm-diag before it finished (started "
+        "2026-12-04T10:00:00+0000)")
+    assert slurm_gate.killed_verdict(marker).summary.startswith(
+        "nodecert-run (health-check) was killed before it finished (started ")
