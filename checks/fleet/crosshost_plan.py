@@ -336,13 +336,11 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Recurs
 
 def _read_json(path: Path) -> Any:
     """The JSON at `path` through the report loader's bounded reader (a FIFO or device is never
-    waited on, the size is capped, a 4 000-digit integer refused); raises OSError or ValueError."""
+    waited on, the size is capped, a 4 000-digit integer or a key named twice refused); raises
+    OSError or ValueError."""
     from checks.report import load
 
-    try:
-        return json.loads(load.read_regular(path), parse_int=load._bounded_int)
-    except RecursionError:
-        raise ValueError("nested too deep") from None
+    return load.parse_json(load.read_regular(path))
 
 
 def _node_report_ok(doc: Any) -> bool:

@@ -96,15 +96,14 @@ def _host_errors(path: str | None) -> dict[str, str]:
     if not path:
         return {}
     try:
-        data = json.loads(load.read_regular(Path(path)))
-    except RecursionError:
-        raise UsageError(f"--host-errors {path}: nested too deep") from None
+        data = load.parse_json(load.read_regular(Path(path)))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--host-errors {path}: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise UsageError(f"--host-errors {path}: expected a JSON object of host → reason strings")
     _check_names(data, f"--host-errors {path}")
-    return data
+    # one line each (a reason becomes a drain reason), no raw control for any renderer
+    return {host: loader.clean(" ".join(reason.split())) for host, reason in data.items()}
 
 
 def _check_names(names: Sequence[str] | dict[str, str], where: str) -> None:
@@ -127,6 +126,18 @@ def _expected(args: argparse.Namespace) -> list[str] | None:
     names = _names(args.expect_hosts)
     _check_names(names, "--expect-hosts")
     return names or None
+
+
+def _outside(found: list[loader.HostReport], expected: list[str] | None,
+             errors: dict[str, str]) -> tuple[list[loader.HostReport], list[str]]:
+    """With an inventory, a report from a host it does not list is no fleet member: set aside and
+    named, never counted (a stray or planted file would otherwise pass or fail the fleet).
+    --expect-hosts names the hosts that must report, not all the fleet: no filter."""
+    if expected is None:
+        return found, []
+    members = {*expected, *errors}
+    return ([f for f in found if f.host in members],
+            sorted(f.host for f in found if f.host not in members))
 
 
 def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
@@ -192,28 +203,13 @@ def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostR
     return fleet
 
 
-def report(args: argparse.Namespace, console: Console, err: Console) -> int:
-    directory = Path(args.directory)
-    if not directory.is_dir():
-        raise UsageError(f"{directory} is not a directory")
-    if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
-        raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
-    if args.prometheus_host_files and not args.prometheus_dir:
-        raise UsageError("--prometheus-host-files needs --prometheus-dir")
-    expected, errors = _expected(args), _host_errors(args.host_errors)
-    cross = crosshost.merge(directory)
-    with loader.gc_paused():
-        found = _checked_something(loader.read_dir(directory))
-    fleet: Fleet = _aggregate(found, directory, expected, errors, args.run_id)
-    if not fleet.hosts:
-        raise UsageError(f"no host reports (*.json) in {directory} and no expected hosts")
-    if not args.no_history:
-        db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
-        with history.History(db) as store:
-            fleet = _with_history(fleet, store, found, directory, expected, errors, args)
+def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | None) -> list[Path]:
     outputs = []
     if args.json:
-        outputs.append(safeio.write_text(args.json, json.dumps(fleet.to_dict(), indent=2) + "\n"))
+        summary = fleet.to_dict()
+        if outside is not None:  # an inventory was given
+            summary["outside_inventory"] = outside
+        outputs.append(safeio.write_text(args.json, json.dumps(summary, indent=2) + "\n"))
     if args.html:
         from checks.render import html
 
@@ -225,6 +221,33 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
 
         outputs.extend(prometheus.write_fleet(fleet, args.prometheus_dir,
                                               host_files=args.prometheus_host_files))
+    return outputs
+
+
+def report(args: argparse.Namespace, console: Console, err: Console) -> int:
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory")
+    if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
+        raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
+    if args.prometheus_host_files and not args.prometheus_dir:
+        raise UsageError("--prometheus-host-files needs --prometheus-dir")
+    expected, errors = _expected(args), _host_errors(args.host_errors)
+    cross = crosshost.merge(directory)
+    with loader.gc_paused():
+        found, outside = _outside(_checked_something(loader.read_dir(directory)),
+                                  expected if args.inventory else None, errors)
+    if outside:
+        err.print(f"warning: {len(outside)} report(s) from hosts outside the inventory, not counted: "
+                  f"{', '.join(outside)}", highlight=False, markup=False, soft_wrap=True)
+    fleet: Fleet = _aggregate(found, directory, expected, errors, args.run_id)
+    if not fleet.hosts:
+        raise UsageError(f"no host reports (*.json) in {directory} and no expected hosts")
+    if not args.no_history:
+        db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
+        with history.History(db) as store:
+            fleet = _with_history(fleet, store, found, directory, expected, errors, args)
+    outputs = _write_outputs(fleet, args, outside if args.inventory else None)
     if not args.quiet:
         if args.format == "compact":
             terminal.render_compact(fleet, console)

@@ -171,6 +171,74 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+class DuplicateKey(ValueError):
+    """One JSON object names a key twice: json keeps the last value silently, so a second
+    `"verdict"` could stand in for the first."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(f"duplicate key {clean(key)!r} in one object")
+            seen.add(key)
+    return obj
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Every JSON file the fleet reads from a run directory (host reports, cross-host files):
+    integers bounded (MAX_INT_DIGITS), a key named twice in one object refused (DuplicateKey);
+    ValueError for anything else json refuses, never RecursionError."""
+    try:
+        return json.loads(raw, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+# Characters no renderer may pass on raw: C0 controls but tab and newline (ESC starts terminal
+# sequences, BEL rings, NUL truncates C strings and is not XML), DEL, C1 controls (U+009B is a
+# one-byte CSI), and the Unicode bidirectional controls that reorder what follows them on screen
+# (U+202A-U+202E, U+2066-U+2069, the marks U+200E, U+200F, U+061C; Unicode Standard Annex #9,
+# "Explicit Directional Formatting Characters"), and the line/paragraph separators U+2028/U+2029.
+# Each is written as its escape (`\x1b`, `\u202e`), so the text still says what was there.
+_UNSAFE = [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F,
+           *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+_ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+# what in a JSON text may decode to one of them: a \u escape of U+0000-U+001F, U+007F-U+009F,
+# U+061C, U+200E/F, U+202A-E, U+2028/9, U+2066-9, the escapes \b \f \r, raw DEL, or the UTF-8
+# bytes of a C1 control or a bidirectional control (a false alarm only costs the walk)
+_MAYBE_UNSAFE = re.compile(
+    rb"(?i:\\u(?:00[01]|007f|008|009|061c|200[ef]|202[89a-e]|206[6-9]))|\\[bfr]|\x7f"
+    rb"|\xc2[\x80-\x9f]|\xd8\x9c|\xe2\x80[\x8e\x8f\xa8-\xae]|\xe2\x81[\xa6-\xa9]")
+
+
+def clean(text: str) -> str:
+    """`text` with every character of _UNSAFE written as its escape."""
+    return text.translate(_ESCAPES)
+
+
+def _cleaned(node: Any) -> Any:
+    if isinstance(node, str):
+        return node.translate(_ESCAPES)
+    if isinstance(node, dict):
+        return {k.translate(_ESCAPES): _cleaned(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_cleaned(v) for v in node]
+    return node
+
+
+def cleaned(doc: Any, raw: bytes | None = None) -> Any:
+    """`doc` with every string (keys too) made safe for every renderer (clean), sanitised once
+    here so the terminal, HTML, JUnit and Prometheus writers never see a raw control. Call after
+    text_problem (the walk recurses: depth must be bounded). `raw`, the JSON text, lets a
+    document that holds none of them skip the walk."""
+    if raw is not None and not _MAYBE_UNSAFE.search(raw):
+        return doc
+    return _cleaned(doc)
+
+
 def read(path: Path, host: str | None = None, validate: Validator | None = None) -> HostReport | None:
     """The report at `path`, named after the file (reports/<run-id>/<host>.json) unless `host`;
     None for a fleet summary written into the same directory. Whatever is wrong with the file
@@ -179,22 +247,24 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
     name = host or path.stem
 
     def unreadable(why: str) -> HostReport:
-        return HostReport(name, None, f"report unreadable: {path.name}: {' '.join(why.split())}", path)
+        return HostReport(name, None, clean(f"report unreadable: {path.name}: {' '.join(why.split())}"),
+                          path)
 
     try:
         raw = read_regular(path)
-        doc = json.loads(raw, parse_int=_bounded_int)
+        doc = parse_json(raw)
     except OSError as exc:
         return unreadable(exc.strerror or str(exc))
-    except RecursionError:
-        return unreadable("nested too deep")
     except ValueError as exc:
         return unreadable(str(exc)[:200])
     if isinstance(doc, dict) and doc.get("schema") == FLEET_SCHEMA_NAME:
         return None
-    problem = (host_name_problem(name) or text_problem(doc, raw) or (validate or validator())(doc)
-               or report_schema.host_problem(doc["host"]) or report_schema.consistency_problem(doc)
-               or report_schema.time_problem(doc, time.time()))
+    problem = host_name_problem(name) or text_problem(doc, raw)
+    if problem:
+        return unreadable(problem)
+    doc = cleaned(doc, raw)
+    problem = ((validate or validator())(doc) or report_schema.host_problem(doc["host"])
+               or report_schema.consistency_problem(doc) or report_schema.time_problem(doc, time.time()))
     if problem:
         return unreadable(problem)
     return HostReport(name, doc, None, path)
