@@ -532,7 +532,7 @@ def test_a_malformed_inventory_is_reported_with_its_parse_error(tmp_path):
     )
     assert proc.returncode != 0
     assert "Failed to parse inventory with 'ini' plugin" in proc.stdout + proc.stderr
-    assert "No inventory was parsed" in proc.stdout + proc.stderr
+    assert "Completely failed to parse inventory source" in proc.stdout + proc.stderr
     assert "defines no hosts" not in proc.stdout + proc.stderr
 
 
