@@ -165,6 +165,11 @@ GPU_FIELDS = (
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): "none" | "gpu_reset" | "node_reboot" | "drain_p2p" |
     # "drain_and_reset" | "recover_imex_domain" | "bus_reset" | "system_reboot" | "unknown(N)".
     "recovery_action",
+    # Bus ids (sysfs form) of the other GPUs this one reaches over NVLink by the driver's own
+    # peer-to-peer answer: nvmlDeviceGetP2PStatus(this, other, NVML_P2P_CAPS_INDEX_NVLINK) ==
+    # NVML_P2P_STATUS_OK (NVML API reference, Device Queries). It names NVLink peers where the
+    # per-link remote queries say nothing (bridged PCIe cards, switches off the host's PCI bus).
+    "nvlink_p2p_peers",
 )
 
 

@@ -256,6 +256,7 @@ class RealGpu(GpuHandle):
             "vbios_version": lambda: _text(self._c(n.nvmlDeviceGetVbiosVersion)),
             "inforom_image_version": lambda: _text(self._c(n.nvmlDeviceGetInforomImageVersion)),
             "recovery_action": self._recovery_action,
+            "nvlink_p2p_peers": self._nvlink_p2p_peers,
         }
 
     def _c(self, fn: Callable[..., Any], *args: Any, what: str | None = None) -> Any:
@@ -426,6 +427,43 @@ class RealGpu(GpuHandle):
             except (HardwareError, ValueError):
                 pass
         return out
+
+    def _nvlink_p2p_peers(self) -> list[str]:
+        """The other GPUs for which nvmlDeviceGetP2PStatus with NVML_P2P_CAPS_INDEX_NVLINK
+        answers NVML_P2P_STATUS_OK, by bus id. A pair the driver refuses to answer for is left
+        out; a driver without the function, or one that answers for no pair, -> NotSupported."""
+        n = self._nvml._n
+        fn = getattr(n, "nvmlDeviceGetP2PStatus", None)
+        if fn is None:
+            raise NotSupported("nvmlDeviceGetP2PStatus: not in these NVML bindings")
+        nvlink = getattr(n, "NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        ok = getattr(n, "NVML_P2P_STATUS_OK", 0)
+        peers, answered = [], 0
+        for other in range(self._nvml.device_count()):
+            if other == self.index:
+                continue
+            try:  # the other GPU: one that cannot be looked up is no peer of anything
+                handle = self._nvml._call(n.nvmlDeviceGetHandleByIndex, other, scope=other,
+                                          what=f"nvmlDeviceGetHandleByIndex({other})")
+                bus = _pci(_text(self._nvml._call(n.nvmlDeviceGetPciInfo, handle, scope=other,
+                                                  what=f"nvmlDeviceGetPciInfo({other})").busId))
+            except HardwareError:
+                continue
+            try:  # this GPU's answer: lost or hung is this GPU's error
+                status = self._c(fn, handle, nvlink,
+                                 what=f"nvmlDeviceGetP2PStatus({self.index}, {other}, NVLINK)")
+            except NotSupported as exc:
+                if nvml_code(exc) == n.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+                continue
+            except InvalidArgument:
+                continue
+            answered += 1
+            if int(status) == ok:
+                peers.append(bus)
+        if not answered:
+            raise NotSupported("nvmlDeviceGetP2PStatus(NVLINK) answered for no pair")
+        return peers
 
     def _ecc_by_location(self) -> dict[str, dict[str, int]]:
         """nvmlDeviceGetMemoryErrorCounter per location (SRAM, DRAM). A counter the device does

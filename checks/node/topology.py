@@ -6,7 +6,12 @@ so the P2P straggler rule compares a pair only with pairs of its own class:
 - `nvlink`: both GPUs have active NVLinks and the system has NVSwitches (on the PCI bus, named
   by the model's profile, or NVML's remote device type of both GPUs' links says "switch": on HGX
   B200/B300 and GB200 trays the switches are not on the host's PCI bus), or a link of one GPU
-  names the other as its remote end (an NVLink bridge pair: NVML's remote PCI info);
+  names the other as its remote end (an NVLink bridge pair: NVML's remote PCI info); or, whatever
+  the links say, the driver answers NVLink peer-to-peer for the pair (nvmlDeviceGetP2PStatus with
+  NVML_P2P_CAPS_INDEX_NVLINK), or both GPUs completed registration in the same NVLink fabric
+  clique (nvmlDeviceGetGpuFabricInfo: state completed, status success, same cluster UUID and
+  clique id). The last two name what the pair should be even with every link down, so a pair
+  that fell back to PCIe is judged against its NVLink floor;
 - `pcie-switch`: their PCI paths share a bridge below the root port (one PCIe switch; nvidia-smi
   topo prints PIX/PXB);
 - `same-socket`: same NUMA node, different switches or root ports (NODE/PHB);
@@ -36,6 +41,10 @@ class GpuPlace:
     nvlink_remotes: tuple[str, ...] = ()
     # An active link whose remote device type is an NVSwitch (NVML_NVLINK_DEVICE_TYPE_SWITCH).
     nvlink_to_switch: bool = False
+    # Bus ids the driver answers NVLink peer-to-peer for (the "nvlink_p2p_peers" GPU field).
+    nvlink_p2p: tuple[str, ...] = ()
+    # "cluster-uuid/clique-id" of a completed, successful fabric registration, else None.
+    fabric_clique: str | None = None
 
     def links_to(self, other: GpuPlace) -> int:
         return sum(1 for r in self.nvlink_remotes if other.pci and r == other.pci.lower())
@@ -51,7 +60,17 @@ def shares_switch(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return common >= 2
 
 
+def _nvlink_peers(a: GpuPlace, b: GpuPlace) -> bool:
+    """The driver's own word that the two GPUs are NVLink peers."""
+    if a.fabric_clique is not None and a.fabric_clique == b.fabric_clique:
+        return True
+    return bool((b.pci and b.pci.lower() in a.nvlink_p2p)
+                or (a.pci and a.pci.lower() in b.nvlink_p2p))
+
+
 def pair_class(a: GpuPlace, b: GpuPlace, *, nvswitch: bool) -> str:
+    if _nvlink_peers(a, b):
+        return NVLINK
     if a.nvlinks_active and b.nvlinks_active:
         if nvswitch or (a.nvlink_to_switch and b.nvlink_to_switch):
             return NVLINK
@@ -63,6 +82,25 @@ def pair_class(a: GpuPlace, b: GpuPlace, *, nvswitch: bool) -> str:
         return UNKNOWN
     # -1 on both: the kernel reports no NUMA affinity (one memory node): one socket.
     return SOCKET if a.numa_node == b.numa_node else CROSS
+
+
+def nvlinks_between(a: GpuPlace, b: GpuPlace, *, nvswitch: bool) -> int:
+    """How many NVLinks carry a copy between two NVLink-class GPUs: through switches (on the
+    bus, by the profile, by the links' remote type, or one fabric clique) every active link of
+    the narrower GPU; directly, the links that name the peer (NVML's remote PCI info). A direct
+    pair known only from the driver's P2P status: the GPU's active links shared evenly among
+    its NVLink peers (an H100 NVL bridge pair: all 12 to the one peer; HGX H100 4-GPU: 18 links,
+    6 to each of 3 peers). 0 when nothing says."""
+    through_switch = nvswitch or (a.nvlink_to_switch and b.nvlink_to_switch) or (
+        a.fabric_clique is not None and a.fabric_clique == b.fabric_clique)
+    if through_switch:
+        return min(a.nvlinks_active, b.nvlinks_active)
+    direct = max(a.links_to(b), b.links_to(a))
+    if direct:
+        return direct
+    shares = [g.nvlinks_active // len(g.nvlink_p2p) for g in (a, b)
+              if g.nvlink_p2p and g.nvlinks_active]
+    return min(shares, default=0)
 
 
 def classify(places: list[GpuPlace], *, nvswitch: bool) -> dict[tuple[int, int], str]:

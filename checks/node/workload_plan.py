@@ -67,6 +67,46 @@ def nvlinks_up(gpu: Gpu) -> int:
     return sum(1 for link in links if link.get("active"))
 
 
+def fabric_clique(gpu: Gpu) -> str | None:
+    """"cluster-uuid/clique-id" of a GPU whose NVLink fabric registration completed with
+    success (nvmlDeviceGetGpuFabricInfo), else None: GPUs of one clique share an NVLink domain."""
+    try:
+        info = gpu.handle.query("fabric_info") or {}
+    except HardwareError:
+        return None
+    if not isinstance(info, dict) or info.get("state") != "completed" \
+            or info.get("status") != "success" or info.get("clique_id") is None:
+        return None
+    return f"{info.get('cluster_uuid')}/{info.get('clique_id')}"
+
+
+def active_links(gpu: Gpu) -> list[dict[str, Any]]:
+    try:
+        links = gpu.handle.query("nvlink") or []
+    except HardwareError:
+        return []
+    return [link for link in links if isinstance(link, dict) and link.get("active")]
+
+
+def nvswitch_system(ctx: Context, gpus: list[Gpu]) -> bool:
+    """Whether the GPUs' NVLinks run through NVSwitches: switches on the PCI bus (HGX A100/H100
+    8-GPU); a link whose far end NVML types as a switch; every GPU in one completed fabric
+    clique; or the model's profile says so (HGX B200/B300 and GB200 keep their switches off the
+    host's PCI bus) and no link's far end is a GPU. A link to a GPU is a direct board or bridge
+    (HGX H100 4-GPU, NV6 to each peer: NVIDIA/nccl#1617; H100 NVL bridges), whatever the model's
+    8-GPU baseboard has."""
+    if ctx.nvswitches:
+        return True
+    links = [link for g in gpus for link in active_links(g)]
+    if any(link.get("remote_type") == "switch" for link in links):
+        return True
+    cliques = {fabric_clique(g) for g in gpus}
+    if len(gpus) > 1 and len(cliques) == 1 and None not in cliques:
+        return True
+    direct = any(link.get("remote_type") == "gpu" or link.get("remote_pci") for link in links)
+    return bool(ctx.profile.get("nvswitch")) and not direct
+
+
 def query_int(gpu: Gpu, field: str) -> int | None:
     try:
         value = gpu.handle.query(field)

@@ -447,3 +447,24 @@ def test_b200_without_nvls_does_not_pass_transport(run_cli, tmp_path: Path) -> N
     assert found["status"] == "WARN", found
     assert found["details"]["expected"]["nvls"] is True
     assert "NVLS not used" in found["message"]
+
+
+def test_direct_nvlink_mesh_of_an_nvswitch_model_expects_no_nvls(run_cli, tmp_path: Path) -> None:
+    """HGX H100 4-GPU (NVIDIA/nccl#1617): the H100 SXM profile describes the NVSwitch board, but
+    every NVML link names a GPU as its far end, so no NVSwitch and no NVLS is expected; the same
+    log on the 8-GPU NVSwitch node still WARNs."""
+    p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 4}[{i}] via "
+                  "P2P/CUMEM/read\n" for i in range(4))
+    no_nvls = "h:1:2 [0] NCCL INFO 16 coll channels, 0 nvls channels, 32 p2p channels\n"
+    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
+                                                   base="node-hgx-h100-4gpu-nvlink-mesh"),
+                           "--only", "nccl-allreduce,nccl-transport")
+    (found,) = results(report, "nccl-transport")
+    assert found["details"]["expected"] == {"cross_host": False, "rdma_up": [], "nvlink": True,
+                                            "nvls": False}, found
+    assert found["status"] == "PASS", found
+    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
+                                                   base="h100-sxm-8x-healthy"),
+                           "--only", "nccl-allreduce,nccl-transport")
+    (found,) = results(report, "nccl-transport")
+    assert found["details"]["expected"]["nvls"] is True and found["status"] == "WARN", found

@@ -49,6 +49,8 @@ CASES = [
          {"nvlink": {"0000:33:00.0": "FAIL", "0000:8b:00.0": "FAIL"}}),
     # The bridged pair copying at PCIe speed is judged as NVLink (its links name each other).
     Case("node-h100-nvl-pair-pcie-speed", {"p2p-bandwidth": "FAIL"}, args=("--level", "standard")),
+    # HGX H100 4-GPU, a direct NVLink mesh of a model whose profile has NVSwitches: healthy.
+    Case("node-hgx-h100-4gpu-nvlink-mesh", args=("--level", "standard")),
     # MIG parent handle, unprivileged: GPU 0's process list refused, not judgeable (no ERROR).
     Case("node-mig-processes-no-permission", {"mig-mode": "WARN"},
          {"gpu-occupied": {"0000:18:00.0": "SKIP"}}),

@@ -89,6 +89,10 @@ class FakeGpu:
     # far end of every link: an NVML_NVLINK_DEVICE_TYPE_* and a bus id; None: NOT_SUPPORTED
     nvlink_remote_type: int | None = None
     nvlink_remote_bus: str | None = None
+    # nvmlDeviceGetP2PStatus(this, other, NVML_P2P_CAPS_INDEX_NVLINK): the indices of the GPUs
+    # answered NVML_P2P_STATUS_OK (others get NVML_P2P_STATUS_NOT_SUPPORTED); None: the call
+    # answers NOT_SUPPORTED for every pair
+    nvlink_p2p: tuple[int, ...] | None = None
     mig: tuple[int, int] = (0, 0)
     sm_clock: int = 1980
     sm_clock_max: int = 1980
@@ -587,6 +591,20 @@ class FakeNvmlLibrary:
             return n.NVML_ERROR_INVALID_ARGUMENT
         info = n.nvmlPciInfo_t.from_address(out)
         info.busId = gpu.nvlink_remote_bus.encode()
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetP2PStatus", P, U, P, device=True)
+    def _p2p_status(self, gpu: FakeGpu, other: int, index: int, out: int) -> int:
+        peer = self._gpu(other)
+        if peer is None:
+            return n.NVML_ERROR_INVALID_ARGUMENT
+        if index != n.NVML_P2P_CAPS_INDEX_NVLINK:
+            self._note("problem", f"nvmlDeviceGetP2PStatus asked for caps index {index}")
+            return n.NVML_ERROR_NOT_SUPPORTED
+        if gpu.nvlink_p2p is None:
+            return n.NVML_ERROR_NOT_SUPPORTED
+        ok = self.gpus.index(peer) in gpu.nvlink_p2p
+        _put(out, c_uint, n.NVML_P2P_STATUS_OK if ok else n.NVML_P2P_STATUS_NOT_SUPPORTED)
         return n.NVML_SUCCESS
 
     @_c("nvmlDeviceGetNvLinkErrorCounter", U, U, P, device=True)

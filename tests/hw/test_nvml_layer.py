@@ -9,7 +9,7 @@ from typing import Any
 import fakenvml
 import pynvml as n
 import pytest
-from fakenvml import HANG, FakeFabric, FakeGpu, FakeNvmlLibrary
+from fakenvml import HANDLE_BASE, HANG, FakeFabric, FakeGpu, FakeNvmlLibrary
 
 from checks.hw import nvml
 from checks.hw.base import (
@@ -117,6 +117,7 @@ EXPECTED = {
     "vbios_version": "96.00.74.00.11",
     "inforom_image_version": "G520.0200.00.05",
     "recovery_action": "drain_and_reset",
+    "nvlink_p2p_peers": ["0000:c3:00.0"],
 }
 
 
@@ -126,7 +127,11 @@ def test_expected_values_cover_every_gpu_field() -> None:
 
 @pytest.mark.parametrize("field_name", GPU_FIELDS)
 def test_every_field_reads_through_pynvml(fake_nvml: Any, field_name: str) -> None:
-    gpu = open_gpu(fake_nvml, FakeGpu(**DISTINCT), process_names={4242: "python3"})
+    # a second GPU, the NVLink peer of the first by the driver's P2P status
+    fake_nvml(FakeNvmlLibrary([FakeGpu(**DISTINCT, nvlink_p2p=(1,)),
+                               FakeGpu(bus_id="00000000:C3:00.0", nvlink_p2p=(0,))],
+                              process_names={4242: "python3"}))
+    gpu = nvml.open_nvml().gpu(0)
     assert gpu.query(field_name) == EXPECTED[field_name]
 
 
@@ -266,6 +271,27 @@ def test_nvlink_remote_end_switch_or_bridged_peer(fake_nvml: Any) -> None:
                                         nvlink_remote_type=n.NVML_NVLINK_DEVICE_TYPE_GPU,
                                         nvlink_remote_bus="00000000:8B:00.0")).query("nvlink")
     assert {(lk["remote_type"], lk["remote_pci"]) for lk in links} == {("gpu", "0000:8b:00.0")}
+
+
+def test_nvlink_p2p_peers_from_the_drivers_p2p_status(fake_nvml: Any) -> None:
+    """nvmlDeviceGetP2PStatus with the NVLink caps index names the peers by bus id (sysfs
+    spelling), asked of every other GPU; a driver that answers for no pair: NotSupported."""
+    gpus = [FakeGpu(bus_id="00000000:33:00.0", nvlink_p2p=(1,)),
+            FakeGpu(bus_id="00000000:8B:00.0", nvlink_p2p=(0,)),
+            FakeGpu(bus_id="00000000:B3:00.0", nvlink_p2p=())]
+    library = fake_nvml(FakeNvmlLibrary(gpus))
+    handles = [nvml.open_nvml().gpu(i) for i in range(3)]
+    assert [h.query("nvlink_p2p_peers") for h in handles] == [["0000:8b:00.0"],
+                                                              ["0000:33:00.0"], []]
+    asked = {(a - HANDLE_BASE, b - HANDLE_BASE, idx)
+             for a, b, idx, _ in library.calls_to("nvmlDeviceGetP2PStatus")}
+    assert asked == {(i, j, n.NVML_P2P_CAPS_INDEX_NVLINK)
+                     for i in range(3) for j in range(3) if i != j}
+    with pytest.raises(NotSupported, match="no pair"):
+        open_gpu(fake_nvml, FakeGpu()).query("nvlink_p2p_peers")  # one GPU: no pair to ask
+    fake_nvml(FakeNvmlLibrary([FakeGpu(), FakeGpu(bus_id="00000000:8B:00.0")]))
+    with pytest.raises(NotSupported):  # nvlink_p2p None: NOT_SUPPORTED for every pair
+        nvml.open_nvml().gpu(0).query("nvlink_p2p_peers")
 
 
 def test_recovery_action_field_not_supported_is_not_supported(fake_nvml: Any) -> None:

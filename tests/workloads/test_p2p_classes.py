@@ -39,11 +39,40 @@ ROOT1 = ("0000:3a:02.0",)
     (GpuPlace("0000:1b:00.0", (), -1), GpuPlace("0000:b1:00.0", (), -1), False,
      topology.SOCKET),
     (GpuPlace("0000:1b:00.0"), GpuPlace("0000:b1:00.0"), False, topology.UNKNOWN),
+    # the driver's P2P status names the peer (nvmlDeviceGetP2PStatus, NVLink caps index), even
+    # with no link answering: the pair should be NVLink, whatever it runs at now
+    (GpuPlace("0000:33:00.0", (), 0, 0, nvlink_p2p=("0000:8b:00.0",)),
+     GpuPlace("0000:8b:00.0", (), 1), False, topology.NVLINK),
+    # one completed fabric clique (GB200 tray, HGX B200): NVLink; another clique: not
+    (GpuPlace("0000:01:00.0", (), 0, fabric_clique="9c6f/4026"),
+     GpuPlace("0008:01:00.0", (), 0, fabric_clique="9c6f/4026"), False, topology.NVLINK),
+    (GpuPlace("0000:01:00.0", (), 0, fabric_clique="9c6f/4026"),
+     GpuPlace("0008:01:00.0", (), 1, fabric_clique="9c6f/4027"), False, topology.CROSS),
 ])
 def test_pair_class_from_hardware_facts(a: GpuPlace, b: GpuPlace, nvswitch: bool,
                                         expected: str) -> None:
     assert topology.pair_class(a, b, nvswitch=nvswitch) == expected
     assert topology.pair_class(b, a, nvswitch=nvswitch) == expected
+
+
+@pytest.mark.parametrize("a,b,nvswitch,links", [
+    # through switches: every active link of the narrower GPU
+    (GpuPlace("a", nvlinks_active=18), GpuPlace("b", nvlinks_active=16), True, 16),
+    (GpuPlace("a", nvlinks_active=18, fabric_clique="c/1"),
+     GpuPlace("b", nvlinks_active=18, fabric_clique="c/1"), False, 18),
+    # a bridge named by the remote PCI info: the links that name the peer
+    (GpuPlace("a", nvlinks_active=12, nvlink_remotes=("b",) * 12),
+     GpuPlace("b", nvlinks_active=12), False, 12),
+    # known from the P2P status only: the active links shared among the GPU's NVLink peers
+    # (HGX H100 4-GPU, NV6 to each of three peers: NVIDIA/nccl#1617)
+    (GpuPlace("a", nvlinks_active=18, nvlink_p2p=("b", "c", "d")),
+     GpuPlace("b", nvlinks_active=18, nvlink_p2p=("a", "c", "d")), False, 6),
+    (GpuPlace("a", nvlinks_active=12, nvlink_p2p=("b",)), GpuPlace("b"), False, 12),
+    (GpuPlace("a"), GpuPlace("b"), False, 0),
+])
+def test_nvlinks_carrying_a_pair(a: GpuPlace, b: GpuPlace, nvswitch: bool, links: int) -> None:
+    assert topology.nvlinks_between(a, b, nvswitch=nvswitch) == links
+    assert topology.nvlinks_between(b, a, nvswitch=nvswitch) == links
 
 
 def _matrix(n: int, values: dict[tuple[int, int], float]) -> dict[str, Any]:
@@ -177,6 +206,53 @@ def test_b200_profile_alone_says_nvswitch_when_nvml_gives_no_remote_type(
     (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
     assert code == 1 and p2p["status"] == "FAIL"
     assert set(p2p["details"]["classes"]) == {"nvlink"}
+
+
+def test_direct_nvlink_mesh_judged_by_the_links_to_each_peer(run_cli: Any, tmp_path: Any) -> None:
+    """HGX H100 4-GPU (NV6 to each peer, no NVSwitch): the H100 SXM profile's NVSwitch does not
+    make every pair an 18-link pair (floor 270 GB/s, a false FAIL at a healthy 125); the links
+    name GPUs, the P2P status names the peers, so the floor is 6 links x 25 x 0.6 = 90. One
+    pair at PCIe speed still FAILs against it."""
+    import yaml
+
+    from checks.hw.scenario_file import load_scenario
+    code, report = run_cli("--simulate", "node-hgx-h100-4gpu-nvlink-mesh", "--only",
+                           "p2p-bandwidth")
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert code == 0 and p2p["status"] == "PASS", p2p["message"]
+    assert p2p["details"]["classes"] == {"nvlink": {"pairs": 12, "min_gbs": 125.0,
+                                                    "median_gbs": 125.0, "floor_gbs": 90.0}}
+    base = load_scenario("node-hgx-h100-4gpu-nvlink-mesh")["_path"]
+    path = tmp_path / "mesh-one-slow-pair.yaml"
+    path.write_text(yaml.safe_dump({"description": "test: one pair at PCIe speed",
+                                    "extends": str(base),
+                                    "measurements": {"p2p": {"pairs": {"0-2": 52.0}}}}))
+    code, report = run_cli("--simulate", str(path), "--only", "p2p-bandwidth")
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert code == 1 and p2p["status"] == "FAIL"
+    assert "GPU0->GPU2 (nvlink) 52.0 GB/s below 90.0" in p2p["message"]
+
+
+def test_bridged_pair_known_only_from_the_drivers_p2p_status(run_cli: Any, tmp_path: Any) -> None:
+    """A driver that answers no remote end for any link, only NVLink P2P status for the pair:
+    the bridged H100 NVL pair at PCIe speed is still an NVLink pair below its floor (12 links
+    to its one peer)."""
+    import yaml
+
+    from checks.hw.scenario_file import load_scenario
+    base = load_scenario("node-h100-nvl-pair-pcie-speed")["_path"]
+    path = tmp_path / "nvl-p2p-status-only.yaml"
+    link = {"links": 18, "inactive": [4, 5, 10, 11, 16, 17]}
+    path.write_text(yaml.safe_dump({
+        "description": "test: P2P status only", "extends": str(base),
+        "gpus": [{"pci_bus_id": "0000:33:00.0", "nvlink": link,
+                  "nvlink_p2p_peers": ["0000:8b:00.0"]},
+                 {"pci_bus_id": "0000:8b:00.0", "nvlink": link,
+                  "nvlink_p2p_peers": ["0000:33:00.0"]}]}))
+    code, report = run_cli("--simulate", str(path), "--only", "p2p-bandwidth")
+    (p2p,) = by_id(report)["p2p-bandwidth"]["results"]
+    assert code == 1 and p2p["status"] == "FAIL"
+    assert p2p["details"]["classes"]["nvlink"]["floor_gbs"] == 180.0
 
 
 def test_bridged_h100_nvl_pair_at_pcie_speed_fails_against_its_nvlink_floor(

@@ -19,7 +19,7 @@ HEALTHY_DIGEST = "scenario-digest-0"
 def measurement(name: str, measurements: Mapping[str, Any], gpus: list[tuple[int, str]],
                 **params: Any) -> Any:
     """`gpus`: (scenario index, PCI address) of every NVML-visible GPU, in NVML order."""
-    if name not in measurements:
+    if measurements.get(name) is None:  # absent, or `null` to drop what a base scenario had
         raise NotSupported(f"the scenario has no measurements.{name}")
     raw = measurements[name]
     excluded = {str(p).lower() for p in params.get("exclude_pci") or ()}

@@ -108,14 +108,6 @@ class TransportExpectation:
     nvls: bool  # NVSwitch + Hopper or later: NVLS expected
 
 
-def _links(gpu: Any) -> list[dict[str, Any]]:
-    try:
-        links = gpu.handle.query("nvlink") or []
-    except HardwareError:
-        return []
-    return [link for link in links if isinstance(link, dict) and link.get("active")]
-
-
 def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
     try:
         up = active_ports(rdma_of(ctx))
@@ -133,10 +125,7 @@ def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
             cc = g.handle.query("compute_capability")
         except HardwareError:
             cc = None
-    # NVSwitches on the PCI bus, the model's profile, or NVML's remote device type of a link:
-    # HGX B200/B300 and GB200 keep their switches off the host's PCI bus.
-    switched = bool(ctx.nvswitches) or bool(ctx.profile.get("nvswitch")) or any(
-        link.get("remote_type") == "switch" for g in gpus for link in _links(g))
+    switched = plan.nvswitch_system(ctx, gpus)
     nvls = switched and cc is not None and tuple(cc) >= tuple(
         int(x) for x in cc_min.split("."))
     return TransportExpectation(cross_host, up, nvlink, nvls)

@@ -37,21 +37,21 @@ class Layout:
         return topology.classify(self.places, nvswitch=self.nvswitch)
 
 
-def _active_links(gpu: Gpu) -> list[dict[str, Any]]:
-    try:
-        links = gpu.handle.query("nvlink") or []
-    except HardwareError:
-        return []
-    return [link for link in links if isinstance(link, dict) and link.get("active")]
-
-
 def _nvlink_remotes(gpu: Gpu) -> tuple[str, ...]:
-    return tuple(str(link["remote_pci"]).lower() for link in _active_links(gpu)
+    return tuple(str(link["remote_pci"]).lower() for link in plan.active_links(gpu)
                  if link.get("remote_pci"))
 
 
 def _nvlink_to_switch(gpu: Gpu) -> bool:
-    return any(link.get("remote_type") == "switch" for link in _active_links(gpu))
+    return any(link.get("remote_type") == "switch" for link in plan.active_links(gpu))
+
+
+def _nvlink_p2p(gpu: Gpu) -> tuple[str, ...]:
+    try:
+        peers = gpu.handle.query("nvlink_p2p_peers") or []
+    except HardwareError:
+        return ()
+    return tuple(str(p).lower() for p in peers)
 
 
 def layout(ctx: Context, m: dict[str, Any]) -> Layout:
@@ -76,14 +76,14 @@ def layout(ctx: Context, m: dict[str, Any]) -> Layout:
             numa_node=dev.numa_node if dev else None,
             nvlinks_active=plan.nvlinks_up(gpu) if gpu else 0,
             nvlink_remotes=_nvlink_remotes(gpu) if gpu else (),
-            nvlink_to_switch=_nvlink_to_switch(gpu) if gpu else False))
+            nvlink_to_switch=_nvlink_to_switch(gpu) if gpu else False,
+            nvlink_p2p=_nvlink_p2p(gpu) if gpu else (),
+            fabric_clique=plan.fabric_clique(gpu) if gpu else None))
         labels.append(f"GPU{gpu.device.index}" if gpu and gpu.device.index is not None
                       else f"cuda:{k}")
         found.append(gpu)
-    # NVSwitches on the PCI bus, or a model whose profile says it has them (HGX B200/B300 keep
-    # theirs off the host's PCI bus).
     return Layout(places, labels, found,
-                  nvswitch=bool(ctx.nvswitches) or bool(ctx.profile.get("nvswitch")))
+                  nvswitch=plan.nvswitch_system(ctx, [g for g in found if g is not None]))
 
 
 def _capability(ctx: Context, gpus: list[Gpu | None]) -> str | None:
@@ -125,8 +125,7 @@ def pair_thresholds(ctx: Context, lay: Layout, classes: dict[Pair, str]
         a, b = lay.places[i], lay.places[j]
         ga, gb = lay.gpus[i], lay.gpus[j]
         if cls == topology.NVLINK:
-            links = (min(a.nvlinks_active, b.nvlinks_active) if lay.nvswitch
-                     else max(a.links_to(b), b.links_to(a)))
+            links = topology.nvlinks_between(a, b, nvswitch=lay.nvswitch)
             out[(i, j)] = rules.derived_link_threshold(
                 nvlinks=links, link_gbs=link_gbs,
                 nvlink_fraction=float(p.get("p2p.nvlink_fraction")),
@@ -251,8 +250,7 @@ def p2p_bandwidth(ctx: Context) -> Iterator[Result]:
     p = ctx.profile
     lay = layout(ctx, m)
     classes = lay.classes()
-    all_nvswitch = bool(p.get("nvswitch")) or lay.nvswitch
-    expected = {k: cls == topology.NVLINK or all_nvswitch for k, cls in classes.items()}
+    expected = {k: cls == topology.NVLINK or lay.nvswitch for k, cls in classes.items()}
     yield from judge_p2p(m, classes, pair_thresholds(ctx, lay, classes),
                          float(p.get("straggler_pct", 10)), labels=lay.labels,
                          access_expected=expected)
