@@ -259,10 +259,28 @@ class FixtureBackend(Backend):
         return self._host.get("container")
 
     def process_slurm_job(self, pid: int) -> str | None:
-        # host.process_cgroups: {pid: the text of /proc/PID/cgroup}
+        # host.process_cgroups: {pid: the text of /proc/PID/cgroup}; host.process_tree: the
+        # processes above it ({pid: {ppid, uid, comm, cmdline}}), or `live`: this machine's
+        # /proc (a test whose scenario lists a real job's PID on a simulated GPU)
+        from checks.hw import jobprocs
+
         cgroups = self._host.get("process_cgroups") or {}
         text = cgroups.get(int(pid), cgroups.get(str(pid)))
-        return None if text is None else slurm_job_of_cgroup(str(text))
+        job = None if text is None else slurm_job_of_cgroup(str(text))
+        tree = self._host.get("process_tree")
+        if job or tree is None:
+            return job
+        if tree == "live":
+            return jobprocs.slurm_job_of_ancestry(int(pid), jobprocs.read_proc)
+
+        def read(p: int) -> jobprocs.ProcInfo | None:
+            entry = tree.get(p, tree.get(str(p)))
+            if entry is None:
+                return None
+            return jobprocs.ProcInfo(int(entry.get("ppid", 0)), int(entry.get("uid", 0)),
+                                     str(entry.get("comm", "")), str(entry.get("cmdline", "")))
+
+        return jobprocs.slurm_job_of_ancestry(int(pid), read)
 
     def gpu_device_nodes(self) -> set[int] | None:
         nodes = self._host.get("device_nodes")

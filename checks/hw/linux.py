@@ -296,8 +296,13 @@ class LinuxBackend(Backend):
         return {os.getpid()}
 
     def process_slurm_job(self, pid: int) -> str | None:
+        # the job's cgroup (cgroup plugins), else the job step's slurmstepd above it
+        # (proctrack/linuxproc and other setups without a job cgroup): checks/hw/jobprocs.py
+        from checks.hw import jobprocs
+
         text = _read(Path(f"/proc/{int(pid)}/cgroup"))
-        return None if text is None else slurm_job_of_cgroup(text)
+        job = None if text is None else slurm_job_of_cgroup(text)
+        return job or jobprocs.slurm_job_of_ancestry(int(pid), jobprocs.read_proc)
 
     # --- Storage, swap, BMC, DCGM ----------------------------------------------------------------
     def python_paths(self) -> dict[str, str]:

@@ -37,8 +37,10 @@ HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "sh
              # BMC: ipmitool {device, sdr, sel_elist}; DCGM: dcgm {path, diag}. See
              # FixtureBackend.disk_usage and _tool_answer for the forms.
              "python_paths", "disks", "swaps", "ipmitool", "dcgm",
-             # {pid: text of /proc/PID/cgroup}: which GPU processes a Slurm job owns
-             "process_cgroups"}
+             # {pid: text of /proc/PID/cgroup}: which GPU processes a Slurm job owns; where no
+             # cgroup says, process_tree: {pid: {ppid, uid, comm, cmdline}} (or `live`: this
+             # machine's /proc) finds the job step's slurmstepd above them (checks/hw/jobprocs.py)
+             "process_cgroups", "process_tree"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
 GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
@@ -181,6 +183,7 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         raise ScenarioError(f"{path}: driver.nvml must be one of {sorted(NVML_KINDS)}")
     _validate_types(path, data)
     _validate_gpu_values(path, data)
+    _validate_process_tree(path, (data.get("host") or {}).get("process_tree"))
     for key in ("cpu_count", "shm_bytes"):
         host = data.get("host") or {}
         value = host.get(key)
@@ -188,6 +191,27 @@ def _validate(path: Path, data: dict[str, Any]) -> None:
         if (key in host or value is not None) and not failed and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ScenarioError(f"{path}: host.{key} must be a non-negative integer")
+
+
+PROCESS_KEYS = {"ppid": int, "uid": int, "comm": str, "cmdline": str}
+
+
+def _validate_process_tree(path: Path, tree: Any) -> None:
+    """host.process_tree: `live`, or {pid: {ppid, uid, comm, cmdline}} with integer PIDs."""
+    if tree is None or tree == "live":
+        return
+    where = f"{path}: host.process_tree"
+    if not isinstance(tree, dict):
+        raise ScenarioError(f"{where} must be 'live' or a mapping of PID to process")
+    for pid, entry in tree.items():
+        if not str(pid).isdigit():
+            raise ScenarioError(f"{where}: {pid!r} is not a PID")
+        if not isinstance(entry, dict) or set(entry) - set(PROCESS_KEYS):
+            raise ScenarioError(f"{where}[{pid}] must be a mapping of {sorted(PROCESS_KEYS)}")
+        for key, kind in PROCESS_KEYS.items():
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise ScenarioError(f"{where}[{pid}].{key} must be {kind.__name__}, got {value!r}")
 
 
 # Keys whose type the backend relies on: a wrong type is one error line naming the key, never a

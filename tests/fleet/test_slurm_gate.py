@@ -428,3 +428,66 @@ def test_the_health_check_publishes_its_textfile_for_node_exporter(cluster, node
         assert "nodecert_checks" in exporter.scrape()
     assert [p.name for p in textfiles.iterdir()] == ["nodecert.prom"]  # no temporary left
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
+
+
+def _job_process(cluster: SlurmCluster, job: str, marker: str, timeout: float = 60) -> int:
+    """The PID of the job's own process (`sleep <marker>`), found in /proc once it runs."""
+    found: list[int] = []
+
+    def running() -> bool:
+        found[:] = [pid for pid in _pids("sleep", marker)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"]
+        return bool(found)
+
+    cluster.wait_for(running, timeout, f"job {job}'s process")
+    return found[0]
+
+
+def test_a_busy_node_is_not_drained_for_the_job_slurm_placed_there(cluster, node2, tmp_path) -> None:
+    """slurmd runs the health check (HealthCheckNodeState=ANY, every 2 s) while a job runs on the
+    node. The scenario's GPUs are held by the job's real process (its PID, read from /proc);
+    proctrack/linuxproc gives it no job cgroup, so gpu-occupied finds the job through the job
+    step's slurmstepd above it (host.process_tree: live). The node stays allocated, never
+    drained, and the kept report says which job holds the GPUs. The same scenario with a PID
+    that is no job's fails (the control: the check would drain this node)."""
+    node = node2
+    state = tmp_path / "state"
+    marker = str(3000 + os.getpid() % 1000)
+    job = cluster.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap",
+                      f"sleep {marker}").strip()
+    pid = _job_process(cluster, job, marker)
+    scenario = tmp_path / "busy.yaml"
+
+    def write(holder: int) -> None:
+        scenario.write_text(
+            "extends: h100-sxm-8x-healthy\n"
+            "gpu_defaults:\n"
+            "  memory_used_bytes: 42949672960\n"
+            f"  compute_processes: [{{pid: {holder}, name: python, used_memory_bytes: 42949672960}}]\n"
+            "host: {process_tree: live}\n")
+
+    write(os.getpid())  # the control: this test's own process is in no job
+    assert _health_check_here(cluster, node, tmp_path / "control", str(scenario)) == 1
+    control = json.loads((tmp_path / "control" / "last.json").read_text())
+    assert control["nodecert_slurm"]["summary"].startswith("GPU050 gpu-occupied 1 other process")
+    write(pid)
+    assert _scripts(cluster, node, state, "--timeout", "30", "--", "--simulate",
+                    str(scenario)).returncode == 0
+    _only(cluster, node, "nodecert-healthcheck")
+    runs: list[float] = []
+
+    def judged_twice() -> bool:
+        assert "drain" not in cluster.node_state(node)[0], cluster.node_state(node)
+        last = state / "last.json"
+        if last.exists() and (not runs or last.stat().st_mtime != runs[-1]):
+            runs.append(last.stat().st_mtime)
+        return len(runs) >= 2
+
+    cluster.wait_for(judged_twice, 120, "two health checks during the job")
+    kept = json.loads((state / "last.json").read_text())
+    assert kept["verdict"] == "PASS" and not kept["nodecert_slurm"]["failed"], kept["nodecert_slurm"]
+    (occupied,) = [c for c in kept["checks"] if c["id"] == "gpu-occupied"]
+    assert {r["status"] for r in occupied["results"]} == {"SKIP"}
+    assert f"busy: in use by Slurm job {job} (pid {pid} (python" in occupied["results"][0]["message"]
+    assert cluster.node_state(node) in (("allocated", ""), ("mixed", ""))  # the job: 1 of 2 CPUs
+    assert Path(f"/proc/{pid}").exists()  # the job ran through the health checks

@@ -51,11 +51,13 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes
     with no such process warns, above occupancy.memory_used_fail_fraction of the GPU's memory
     fails. Runs before the workload checks, which would otherwise measure a shared GPU.
-    A process in a Slurm job's cgroup (/proc/PID/cgroup, see Backend.process_slurm_job) is the
-    job Slurm placed there, not a stray: a GPU that only jobs hold SKIPs as busy, naming the job
-    (the health check slurmd runs during jobs must not drain the node for its own job); other
-    processes beside a job's are still judged. A GPU whose process list NVML refuses for lack
-    of privileges (NO_PERMISSION: a MIG-enabled GPU's parent handle) SKIPs as not judgeable."""
+    A process in a Slurm job's cgroup (/proc/PID/cgroup), or, where no cgroup names a job
+    (proctrack/linuxproc), below the job step's root-owned slurmstepd (checks/hw/jobprocs.py;
+    both through Backend.process_slurm_job) is the job Slurm placed there, not a stray: a GPU
+    that only jobs hold SKIPs as busy, naming the job (the health check slurmd runs during jobs
+    must not drain the node for its own job); other processes beside a job's are still judged.
+    A GPU whose process list NVML refuses for lack of privileges (NO_PERMISSION: a MIG-enabled
+    GPU's parent handle) SKIPs as not judgeable."""
     p = ctx.profile
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
