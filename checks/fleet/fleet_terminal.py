@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.console import Console
@@ -11,9 +10,9 @@ from rich.text import Text
 
 from checks.render.terminal import STYLE as CHECK_STYLE
 from checks.render.terminal import plain
+from checks.report import act_on
 from checks.report.aggregate import Fleet
 from checks.report.fabric_summary import summarise
-from checks.report.figures import GpuRef
 
 STYLE = {**CHECK_STYLE, "MISSING": "bold red"}
 LISTED = 6  # hosts named per check before "+N more"
@@ -56,14 +55,38 @@ def _host_rows(fleet: Fleet, verbose: bool) -> list[Row]:
     return rows
 
 
-def _check_rows(fleet: Fleet) -> list[Row]:
+def _act_on_rows(found: list[act_on.Row]) -> list[Row]:
     rows: list[Row] = []
+    for r in found:
+        cause = r.check + (f"\nalso: {', '.join(r.also)}" if r.also else "")
+        if r.dependents:
+            cause += f"\n+{len(r.dependents)} not measured because of it"
+        code = r.fault_code or ("" if r.kind in ("check", "report") else r.kind)
+        confirm = [*r.confirm, *([f"see {r.see()}"] if r.fault_code else [])]
+        rows.append([r.host, r.gpu_text() or "host", _status(r.status), code, cause, r.message,
+                     r.remedy or "", "\n".join(confirm)])
+    return rows
+
+
+def _check_rows(fleet: Fleet, folded: dict[tuple[str, str], str]) -> list[Row]:
+    """By check, the causes; a check that was only not measured because of another one on a host
+    is one row per cause at the end, "not measured because of <cause>"."""
+    rows: list[Row] = []
+    because: dict[str, set[str]] = {}  # cause -> the checks it left unmeasured
     for spread in fleet.by_check:
-        where = [f"{o.host}{' ' + ','.join(o.gpus) if o.gpus else ''}: {o.message}"
-                 for o in spread.occurrences[:LISTED]]
-        if len(spread.occurrences) > LISTED:
-            where.append(f"+{len(spread.occurrences) - LISTED} more")
-        rows.append([spread.check, _status(spread.status), str(len(spread.occurrences)), "\n".join(where)])
+        own = [o for o in spread.occurrences if (o.host, spread.check) not in folded]
+        for o in spread.occurrences:
+            if (o.host, spread.check) in folded:
+                because.setdefault(folded[(o.host, spread.check)], set()).add(spread.check)
+        if not own:
+            continue
+        where = [f"{o.host}{' ' + ','.join(o.gpus) if o.gpus else ''}: {o.message}" for o in own[:LISTED]]
+        if len(own) > LISTED:
+            where.append(f"+{len(own) - LISTED} more")
+        rows.append([spread.check, _status(spread.status), str(len(own)), "\n".join(where)])
+    for cause, checks in because.items():
+        rows.append([f"{len(checks)} checks", _status("ERROR"), "",
+                     f"not measured because of {cause}: {', '.join(sorted(checks))}"])
     return rows
 
 
@@ -89,9 +112,14 @@ def _digest_rows(fleet: Fleet) -> list[Row]:
 
 
 def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
+    """The tables in the order an operator acts: what to do on which host first."""
+    found = act_on.rows(fleet.hosts)
+    _print(console, "hosts to act on", ("host", "GPU", "status", "code", "root cause", "what was seen",
+                                        "remedy", "confirm with"), _act_on_rows(found))
     _print(console, f"hosts{'' if verbose else ' not passing'}",
            ("host", "status", "profile", "checks not passed, findings", "note"), _host_rows(fleet, verbose))
-    _print(console, "checks not passed", ("check", "status", "hosts", "where"), _check_rows(fleet))
+    _print(console, "checks not passed", ("check", "status", "hosts", "where"),
+           _check_rows(fleet, act_on.folded_checks(found)))
     _print(console, "stragglers (below the median of their peers)",
            ("host", "GPU", "figure", "value", "median", "off by", "status"), _straggler_rows(fleet),
            right=("value", "median", "off by"))
@@ -113,53 +141,39 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
                         style=style))
 
 
-_SEE = re.compile(r"\(see ([a-z0-9][a-z0-9-]*)\)$")
-
-
-def _fault_lines(host: str, checks: list[dict[str, Any]]) -> list[str]:
-    """One line per check not passed; a check whose every bad result only points at another
-    failing check ("not measured: ... (see gpu-count)") is folded into that check's line."""
-    rows: list[tuple[str, str, str]] = []  # check id, line, the check it defers to
-    for chk in checks:
-        bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
-        if not bad:
-            continue
-        worst = max(bad, key=lambda r: ("WARN", "ERROR", "FAIL").index(r["status"]))
-        gpus = sorted({ref.label() for r in bad if (ref := GpuRef.from_device(r.get("device")))})
-        where = f" {','.join(gpus)}" if gpus else ""
-        code = f" [{worst['fault_code']}]" if worst.get("fault_code") else ""
-        causes = {m.group(1) if (m := _SEE.search(r["message"].strip())) else "" for r in bad}
-        cause = causes.pop() if len(causes) == 1 else ""
-        line = f"{worst['status']} {host} {chk['id']}{where}{code}: {worst['message']}"
-        rows.append((chk["id"], line, cause))
-    failing = {check for check, _, _ in rows}
-    folded: dict[str, list[str]] = {}
-    for check, _, cause in rows:
-        if cause in failing and cause != check:
-            folded.setdefault(cause, []).append(check)
-    lines = []
-    for check, line, cause in rows:
-        if cause in failing and cause != check:
-            continue
-        under = folded.get(check, [])
-        lines.append(f"{line}" + (f" (+{len(under)} checks not measured because of it: {', '.join(under)})"
-                                   if under else ""))
-    return lines
+def compact_line(row: act_on.Row) -> str:
+    """One row to act on as one log line: what, where, the checks folded under it, the remedy
+    and the first command that confirms it."""
+    if row.kind == "report":
+        return f"{row.status} {row.host}: {row.message}"
+    if row.kind == "check":
+        where = f" {row.gpu.label()}" if row.gpu else ""
+        code = f" [{row.fault_code}]" if row.fault_code else ""
+        line = f"{row.status} {row.host} {row.check}{where}{code}: {row.message}"
+    else:
+        line = f"{row.status} {row.host} {row.kind}: {row.message}"
+    if row.also:
+        line += f" (also seen by {', '.join(row.also)})"
+    if row.dependents:
+        line += (f" (+{len(row.dependents)} checks not measured because of it: "
+                 f"{', '.join(row.dependents)})")
+    if row.remedy:
+        line += f" -> remedy: {row.remedy}"
+    if row.confirm:
+        line += f"; confirm: {row.confirm[0]}"
+    if row.fault_code:
+        line += f"; see {row.see()}"
+    return line
 
 
 def compact_lines(fleet: Fleet) -> list[str]:
-    """The fleet for a log: one line per host and check not passed (worst result, its GPUs and
-    fault code; checks not measured because of another one folded into its line), one per fleet
-    finding, one per host without a report, then the verdict. Text from reports is flattened."""
+    """The fleet for a log, in the order an operator acts: one line per row to act on (hosts
+    without a report first, then the worst; a check not measured because of another one folded
+    into that one's line), then the verdict. Text from reports is flattened."""
     def one_line(text: str) -> str:
         return " ".join(text.split())
 
-    lines: list[str] = []
-    for h in fleet.hosts:
-        if h.report is None and h.status != "PASS":
-            lines.append(one_line(f"{h.status} {h.host}: {h.reason or 'no report'}"))
-        lines.extend(one_line(line) for line in _fault_lines(h.host, (h.report or {}).get("checks", [])))
-        lines.extend(one_line(f"{f.status} {h.host} {f.kind}: {f.reason}") for f in h.findings)
+    lines = [one_line(compact_line(row)) for row in act_on.rows(fleet.hosts)]
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")
     lines.append(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}")
     return lines

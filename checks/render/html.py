@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from checks import __version__, safeio
-from checks.report import svg
+from checks.report import act_on, svg
 from checks.report.aggregate import Fleet, from_reports
 from checks.report.fabric_summary import summarise as fabric_rows
 from checks.report.figures import Curve, Figure, higher_is_better
@@ -167,26 +167,76 @@ def _fabric(main: ET.Element, fleet: Fleet) -> None:
         _el(tr, "td", row.rail_runs or "-")
 
 
-def _by_check(main: ET.Element, fleet: Fleet) -> None:
+def _act_on(main: ET.Element, rows: list[act_on.Row]) -> None:
+    """First: one row per fault to act on, the root cause with its remedy and the commands that
+    confirm it; the checks not measured because of it folded into its row."""
+    sec = _el(main, "section")
+    _el(sec, "h2", "Hosts to act on")
+    if not rows:
+        _el(sec, "p", "Nothing to act on: every host passed.", class_="empty")
+        return
+    body = _table(sec, ["host", "GPU", "status", "fault code", "root cause", "what was seen", "remedy",
+                        "confirm with"], "act-on")
+    for row in rows:
+        tr = _el(body, "tr", data_host=row.host.lower(), data_check=row.check)
+        _el(tr, "td", row.host)
+        _el(tr, "td", row.gpu_text() or "host")
+        _badge(_el(tr, "td"), row.status)
+        _el(tr, "td", row.fault_code or ("" if row.kind in ("check", "report") else row.kind))
+        cause = _el(tr, "td")
+        _el(cause, "b", row.check)
+        if row.also:
+            _el(cause, "div", f"also seen by {', '.join(row.also)}", class_="meta")
+        if row.dependents:
+            det = _el(cause, "details", class_="dependents")
+            _el(det, "summary", f"{len(row.dependents)} check{'s' if len(row.dependents) != 1 else ''} "
+                                "not measured because of it")
+            _el(det, "div", ", ".join(row.dependents), class_="meta")
+        _el(tr, "td", row.message)
+        _el(tr, "td", row.remedy or "")
+        confirm = _el(tr, "td")
+        for command in row.confirm:
+            _el(_el(confirm, "div"), "code", command)
+        if row.fault_code:
+            _el(confirm, "div", f"see {row.see()}", class_="meta")
+
+
+def _by_check(main: ET.Element, fleet: Fleet, folded: dict[tuple[str, str], str]) -> None:
+    """Checks not passed, by check; a check that only could not measure because another check
+    failed on that host is listed apart, under the check it was not measured because of."""
     sec = _el(main, "section")
     _el(sec, "h2", "Checks not passed, by check and host")
     if not fleet.by_check:
         _el(sec, "p", "Every check passed on every host with a report.", class_="empty")
         return
     body = _table(sec, ["check", "code", "status", "hosts", "where"])
+    dependent: list[tuple[str, str, str, str]] = []  # check, code, host, cause
     for spread in fleet.by_check:
+        own = [o for o in spread.occurrences if (o.host, spread.check) not in folded]
+        dependent += [(spread.check, spread.code, o.host, folded[(o.host, spread.check)])
+                      for o in spread.occurrences if (o.host, spread.check) in folded]
+        if not own:
+            continue
         tr = _el(body, "tr")
         _el(tr, "td", spread.check)
         _el(tr, "td", spread.code)
         _badge(_el(tr, "td"), spread.status)
-        _el(tr, "td", len(spread.occurrences), class_="num")
+        _el(tr, "td", len(own), class_="num")
         where = _el(tr, "td")
-        for occ in spread.occurrences[:MAX_LISTED]:
+        for occ in own[:MAX_LISTED]:
             line = _el(where, "div")
             _el(line, "b", occ.host)
             line[-1].tail = f" {' '.join(occ.gpus)} [{occ.status}] {occ.message}"
-        if len(spread.occurrences) > MAX_LISTED:
-            _el(where, "div", f"… and {len(spread.occurrences) - MAX_LISTED} more hosts")
+        if len(own) > MAX_LISTED:
+            _el(where, "div", f"… and {len(own) - MAX_LISTED} more hosts")
+    if dependent:
+        det = _el(sec, "details")
+        _el(det, "summary", f"{len(dependent)} results not measured because another check failed")
+        body = _table(det, ["check", "code", "host", "not measured because of"])
+        for check, code, host, cause in dependent:
+            tr = _el(body, "tr")
+            for text in (check, code, host, cause):
+                _el(tr, "td", text)
 
 
 def _stragglers_and_lemons(main: ET.Element, fleet: Fleet) -> None:
@@ -373,14 +423,26 @@ def _plots(main: ET.Element, fleet: Fleet) -> None:
     highlight = {h.host: h.status for h in fleet.hosts if h.status in ("FAIL", "WARN")}
     slow = {(s.check, s.name, s.host, s.gpu.label() if s.gpu else "host"): s.status
             for s in fleet.stragglers}
-    charts = [_figure_chart(stats, fleet.figure_groups[stats.key], slow)
-              for stats in fleet.figure_stats if stats.count >= MIN_PEERS]
-    curve_charts = _curve_charts(fleet.curves, highlight)
-    if not charts and not curve_charts:
+    drawn = [stats for stats in fleet.figure_stats if stats.count >= MIN_PEERS]
+    # Only the charts that show a difference: a group with a straggler, a curve with a host that
+    # did not pass that check. The table above them lists every figure's median, min and max.
+    differ = {(s.check, s.name) for s in fleet.stragglers}
+    charts = [_figure_chart(stats, fleet.figure_groups[stats.key], slow) for stats in drawn
+              if (stats.key.check, stats.key.name) in differ]
+    bad_on = {(o.host, spread.check) for spread in fleet.by_check for o in spread.occurrences}
+    bad_on |= {(s.host, s.check) for s in fleet.stragglers}
+    curves = [c for c in fleet.curves if any((other.host, c.check) in bad_on for other in fleet.curves
+                                             if other.check == c.check)]
+    curve_charts = _curve_charts(curves, highlight)
+    if not fleet.figure_stats and not fleet.curves:
         _el(sec, "p", "No figures or curves in these reports: the workload checks run at "
                       "--level standard.", class_="empty")
         return
     _figure_table(sec, fleet)
+    flat = len(drawn) - len(charts) + len({c.check for c in fleet.curves}) - len({c.check for c in curves})
+    if flat:
+        _el(sec, "p", f"{flat} chart{'s' if flat != 1 else ''} not drawn: every value within its limits "
+                      "(see the table).", class_="meta")
     grid = _el(sec, "div", class_="grid2")
     for chart in curve_charts:
         grid.append(chart)
@@ -443,12 +505,16 @@ def render(fleet: Fleet) -> str:
     body = _el(html, "body")
     _header(body, fleet)
     main = _el(body, "main")
-    _by_check(main, fleet)
+    # The order an operator acts in: what to do on which host, then the hosts and the checks,
+    # then the fleet's comparisons, then the charts (only those that show a difference).
+    rows = act_on.rows(fleet.hosts)
+    _act_on(main, rows)
+    _hosts(main, fleet)
+    _by_check(main, fleet, act_on.folded_checks(rows))
     _stragglers_and_lemons(main, fleet)
     _drift(main, fleet)
     _digests(main, fleet)
     _plots(main, fleet)
-    _hosts(main, fleet)
     _fabric(main, fleet)
     _host_details(main, fleet)
     return "<!DOCTYPE html>\n" + ET.tostring(html, encoding="unicode", method="html") + "\n"
