@@ -30,20 +30,21 @@ venv: $(RUN_DEPS) $(DEV_DEPS)
 
 # The user's values reach the recipes as environment variables, never pasted into the shell
 # command: `LEVEL='quick;touch /tmp/p'` is a bad level (exit 2), not a second command. ARGS is
-# split into words (globbing off) and nothing in it is run.
-export INVENTORY LEVEL ARGS CHECK
+# split into words (globbing off) and nothing in it is run. The venv the recipes run from is
+# named as "$$VENV" too: a crafted VENV is a missing interpreter, not a command.
+export INVENTORY LEVEL ARGS CHECK VENV TEST_JOBS
 
 ifeq ($(INVENTORY),)
 verify: $(RUN_DEPS)
-	set -f; exec $(PY) -m checks --level "$$LEVEL" $$ARGS
+	set -f; exec "$$VENV/bin/python" -m checks --level "$$LEVEL" $$ARGS
 else
 # A missing, unparsable or empty inventory (or a host name that is not one node name) is a usage
 # error: ansible-playbook would skip every play and pass.
 verify: inventory-exists $(DEV_DEPS)
 	@case "$$LEVEL" in quick|standard|burn-in) ;; \
 	  *) echo "error: LEVEL must be quick, standard or burn-in (got '$$LEVEL')" >&2; exit 2;; esac
-	@$(PY) -m checks.fleet.ansible_inventory "$$INVENTORY" gpu_nodes
-	set -f; exec $(VENV)/bin/ansible-playbook -i "$$INVENTORY" playbooks/verify.yml \
+	@"$$VENV/bin/python" -m checks.fleet.ansible_inventory "$$INVENTORY" gpu_nodes
+	set -f; exec "$$VENV/bin/ansible-playbook" -i "$$INVENTORY" playbooks/verify.yml \
 	  -e "verify_level=$$LEVEL" $$ARGS
 endif
 
@@ -54,10 +55,12 @@ system-deps:
 
 # Two workers (the machine has 2 cores); each test file stays on one worker, so its module
 # fixtures are built once, and the files go out longest first (tests/durations.json, kept in
-# that order by --no-loadscope-reorder; tests/conftest.py). TEST_JOBS=0 runs in-process.
+# that order by --no-loadscope-reorder; tests/conftest.py). TEST_JOBS=0 runs in-process. ARGS is
+# split as a shell splits words (`ARGS="-m 'not e2e'"`), by .ci/with_args.py: nothing in it runs.
 TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(ARGS)
+	exec "$$VENV/bin/python" .ci/with_args.py "$$VENV/bin/python" -m pytest \
+	  $(if $(filter 0,$(TEST_JOBS)),,-n "$$TEST_JOBS" --dist loadfile --no-loadscope-reorder)
 
 # ruff (style, imports, complexity over 15: pyproject.toml), mypy over the product, ansible-lint
 lint: $(DEV_DEPS)
