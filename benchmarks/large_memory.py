@@ -6,11 +6,17 @@ No GPU is needed: the trace runs the job's model, AdamW and bf16 autocast on ten
 storage, so the 2.6 B-parameter shapes of the 141-268 GiB profiles trace on a laptop (about a
 minute each). Not in either figure: the CUDA context, NCCL's buffers, the allocator's rounding.
 
-    .venv/bin/python benchmarks/large_memory.py
+    .venv/bin/python benchmarks/large_memory.py            # print the table
+    .venv/bin/python benchmarks/large_memory.py --write    # also record benchmarks/large_memory.json
+
+The recorded run is what docs/trainer.md's traced-memory table shows
+(`python -m checks.docgen.trainer_tables --write` after recording).
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import sys
 import time
 from pathlib import Path
@@ -19,7 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--write"]):
+        print(f"usage: large_memory.py [--write] (got {' '.join(args)})", file=sys.stderr)
+        return 2
     from checks import profiles
     from trainer import sizes
     from trainer.jobs import throughput
@@ -33,6 +43,7 @@ def main() -> int:
     print("| throughput model (layers × width 2048, batch) | profiles | estimate | traced "
           "(fake tensors) | estimate ÷ traced | traced ÷ GPU memory | trace time |")
     print("|---|---|---|---|---|---|---|")
+    records = []
     for shape, named in sorted(by_shape.items(), key=lambda item: (item[0].layers, item[0].batch)):
         start = time.monotonic()
         traced = throughput.traced_memory_bytes(shape)
@@ -42,6 +53,16 @@ def main() -> int:
               f"{shape.memory_bytes() / 2 ** 30:.1f} GiB | {traced / 2 ** 30:.1f} GiB | "
               f"{shape.memory_bytes() / traced:.3f} | {traced / 2 ** 30 / smallest:.0%} | "
               f"{seconds:.0f} s |", flush=True)
+        records.append({"vocab": shape.vocab, "context": shape.context, "width": shape.width,
+                        "heads": shape.heads, "layers": shape.layers, "batch": shape.batch,
+                        "traced_gib": round(traced / 2 ** 30, 3), "seconds": round(seconds, 1)})
+    if args == ["--write"]:
+        out = ROOT / "benchmarks" / "large_memory.json"
+        data = json.loads(out.read_text())
+        data.update(date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+                    precision="GiB to three decimals, seconds to one", traces=records)
+        out.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
 

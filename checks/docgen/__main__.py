@@ -3,8 +3,8 @@
     python -m checks.docgen --write    # regenerate every generated file and region
     python -m checks.docgen --check    # exit 1 when any is stale, one line per stale file
 
-Runs each generator of GENERATORS (checks/docgen/__init__.py) in turn, in this process; each
-still has its own `python -m checks.docgen.NAME [--write | --check]`.
+Runs every generator module of the package (checks/docgen/__init__.py) in turn, in this
+process; each still has its own `python -m checks.docgen.NAME [--write | --check]`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from checks.docgen import GENERATORS
+from checks.docgen import generators
 
 USAGE = "usage: python -m checks.docgen [--write | --check]"
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args not in (["--write"], ["--check"]):
         print(f"{USAGE} (got {' '.join(args) or 'nothing'})", file=sys.stderr)
         return 2
-    codes = {name: _run(name, args) for name in GENERATORS}
+    codes = {name: _run(name, args) for name in generators()}
     failed = [name for name, code in codes.items() if code]
     if failed and args == ["--check"]:
         print(f"error: stale or failing: {', '.join(failed)}; run: python -m checks.docgen --write",

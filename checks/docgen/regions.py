@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class RegionError(Exception):
-    """A marker missing from its file (one-line message)."""
+    """A marker missing from its file, or a generator's data unreadable (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ def main(prog: str, regions: Sequence[Region], argv: list[str] | None = None) ->
         print(f"usage: python -m {prog} [--write | --check] (got {' '.join(args)})", file=sys.stderr)
         return 2
     command = f"python -m {prog} --write"
-    if not args:
-        print("\n\n".join(r.render() for r in regions))
-        return 0
     try:
+        if not args:
+            print("\n\n".join(r.render() for r in regions))
+            return 0
         files = fresh(regions, command)
     except (RegionError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -5,15 +5,19 @@ command that fixes it."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import pkgutil
 from pathlib import Path
 
 import pytest
 
 import checks.docgen
-from checks.docgen import GENERATORS, options, regions
+from checks import profiles
+from checks.docgen import GENERATORS, gpu_models, options, regions, trainer_tables
 from checks.docgen import __main__ as umbrella
 from checks.node import node_cli
+from trainer import sizes
 
 
 def test_every_generated_text_is_current(capsys: pytest.CaptureFixture[str]) -> None:
@@ -23,9 +27,11 @@ def test_every_generated_text_is_current(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_every_generator_module_is_run_by_the_umbrella() -> None:
-    helpers = {"regions", "__main__"}
-    modules = {m.name for m in pkgutil.iter_modules(checks.docgen.__path__)} - helpers
-    assert modules == set(GENERATORS)
+    modules = {m.name for m in pkgutil.iter_modules(checks.docgen.__path__)} - {"regions", "__main__"}
+    assert set(checks.docgen.generators()) == modules
+    assert checks.docgen.generators()[:len(GENERATORS)] == GENERATORS
+    for name in checks.docgen.generators():
+        assert callable(importlib.import_module(f"checks.docgen.{name}").main), name
 
 
 def test_an_undocumented_option_fails_the_check_naming_file_and_command(
@@ -73,7 +79,7 @@ def test_region_write_then_check_and_missing_marker(
 
 def test_a_failing_generator_is_one_line_and_the_others_still_run(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(umbrella, "GENERATORS", ("no_such_generator", "options"))
+    monkeypatch.setattr(umbrella, "generators", lambda: ("no_such_generator", "options"))
     assert umbrella.main(["--check"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: python -m checks.docgen.no_such_generator --check failed: "
@@ -86,3 +92,69 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     assert umbrella.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m checks.docgen [--write | --check]") and err.count("\n") == 1
+
+
+def test_a_new_gpu_model_makes_every_model_list_stale(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = list(gpu_models._models())
+    new = profiles.Profile("rtx-pro-6000", {
+        "description": "NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe)",
+        "match": {"pci_device_ids": [0x2BB5]}, "gpus_per_node": 8, "compute_capability": "12.0",
+        "nvlink": {"links": 0}, "blackwell": {"platform": "pcie", "open_module_required": True}})
+    monkeypatch.setattr(gpu_models, "_models", lambda: iter([*real, new]))
+    assert "`rtx-pro-6000` (RTX PRO 6000 Blackwell Server Edition)" in gpu_models.readme_list()
+    assert "| `rtx-pro-6000` | NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe) | `10de:2bb5` | 8 |" \
+        in gpu_models.checks_table()
+    assert "| `rtx-pro-6000` | `10de:2bb5` | 8 | - | open kernel module |" in gpu_models.blackwell_table()
+    assert gpu_models.main(["--check"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: {doc} is out of date; run: python -m checks.docgen.gpu_models --write"
+                   for doc in ("README.md", "docs/checks.md", "docs/blackwell.md", "docs/scenarios.md")]
+
+
+def test_every_profile_is_listed_and_blackwell_ones_in_blackwell_md() -> None:
+    readme = (regions.ROOT / "README.md").read_text()
+    checks_md = (regions.ROOT / "docs" / "checks.md").read_text()
+    blackwell = (regions.ROOT / "docs" / "blackwell.md").read_text()
+    for name in profiles.available():
+        assert f"`{name}` (" in " ".join(readme.split()) and f"| `{name}` |" in checks_md, name
+        if profiles.load(name).get("blackwell.platform"):
+            assert f"| `{name}` |" in blackwell, name
+    assert "| `b200` | `blackwell-b200-8x-healthy`" in (regions.ROOT / "docs" / "scenarios.md").read_text()
+
+
+def test_traced_memory_table_reads_the_recorded_run_and_says_what_is_not_traced(tmp_path: Path) -> None:
+    data = json.loads(trainer_tables.TRACES.read_text())
+    table = trainer_tables.traced_table()
+    for trace in data["traces"]:
+        assert f"| {trace['layers']} × 2048, {trace['batch']} |" in table
+        assert f"| {float(trace['traced_gib']):.1f} GiB |" in table
+    assert "not traced yet" not in table, "every profile's large shape has a recorded trace"
+    first = data["traces"][0]
+    data["traces"] = data["traces"][1:]
+    partial = tmp_path / "large_memory.json"
+    partial.write_text(json.dumps(data))
+    row = next(line for line in trainer_tables.traced_table(partial).splitlines()
+               if line.startswith(f"| {first['layers']} × 2048, {first['batch']} |"))
+    assert "not traced yet: run `python benchmarks/large_memory.py --write`" in row
+    partial.write_text('{"date": "x", "traces": [{"layers": "many"}]}')
+    with pytest.raises(regions.RegionError, match=r"large_memory\.json: not a recorded large_memory\.py run"):
+        trainer_tables.traced_table(partial)
+
+
+def test_unreadable_trace_data_is_one_line_and_exit_2(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "large_memory.json"
+    broken.write_text("{not json")
+    monkeypatch.setattr(trainer_tables, "TRACES", broken)
+    monkeypatch.setattr(trainer_tables.traced_table, "__defaults__", (broken,))
+    assert trainer_tables.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: large_memory.json: not a recorded large_memory.py run (JSONDecodeError")
+    assert err.count("\n") == 1
+
+
+def test_trainer_sizes_table_is_the_one_the_trainer_sizes_with() -> None:
+    doc = (regions.ROOT / "docs" / "trainer.md").read_text()
+    region = doc.split("<!-- trainer-sizes:begin -->")[1].split("<!-- trainer-sizes:end -->")[0]
+    assert sizes.profile_table() in region
