@@ -470,9 +470,16 @@ class FixtureBackend(Backend):
             return gpus
         picked = []
         for token in filter(None, (t.strip() for t in cvd.split(","))):
-            if not token.isdigit() or int(token) >= len(gpus):
+            if token.isdigit() and int(token) < len(gpus):
+                picked.append(gpus[int(token)])
+                continue
+            # a GPU by its UUID, or a MIG instance by its own (the scenario's `mig_instances`
+            # of its parent GPU): CUDA then enumerates that slice
+            by_uuid = [g for g in gpus if token in (str(g.get("uuid")), *map(
+                str, g.get("mig_instances") or ()))]
+            if not by_uuid:
                 break  # CUDA stops at the first invalid entry
-            picked.append(gpus[int(token)])
+            picked.append(by_uuid[0])
         return picked
 
     def environ(self) -> Mapping[str, str]:

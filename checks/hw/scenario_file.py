@@ -43,7 +43,8 @@ HOST_KEYS = {"os_release", "kernel", "cpu_count", "numa_nodes", "shm_bytes", "sh
              "process_cgroups", "process_tree"}
 DRIVER_KEYS = {"nvml", "version", "cuda_version", "proc_version"}
 # Per-GPU keys that describe the PCI side rather than NVML answers.
-GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path"}
+GPU_PCI_KEYS = {"pci_device_id", "on_pci", "nvml_visible", "lost", "numa_node", "link", "pci_path",
+                "mig_instances"}
 TORCH_KEYS = {"version", "cuda", "cuda_available", "device_count", "arch_list", "nccl", "cudnn",
               "error", "capabilities", "device_names"}
 # An `nvswitches:` entry is an address, or a mapping with the PCI facts of that switch.

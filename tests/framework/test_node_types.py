@@ -63,6 +63,10 @@ CASES = [
     Case("node-cvd-hides-gpus", {"gpu-count": "FAIL"}, args=("--expect-gpus", "8")),
     Case("node-cvd-mig-uuid", {"gpu-count": "WARN", "mig-mode": "WARN"},
          {"mig-mode": {"0000:27:00.0": "WARN"}}),
+    # The slice measured: its throughput is judged against slices, not the whole GPU's peak.
+    Case("node-mig-slice-a100-3g", {"gpu-count": "WARN", "mig-mode": "WARN"},
+         {"mig-mode": {"0000:27:00.0": "WARN"}, "gpu-matmul": {"0000:27:00.0": "PASS"},
+          "gpu-membw": {"0000:27:00.0": "PASS"}}, args=("--level", "standard")),
     Case("node-gpu-lost",
          {"gpu-count": "FAIL", "xid-events": "FAIL", "torch-arch": BAD, **dict.fromkeys(PER_GPU, BAD)},
          {"gpu-count": {LOST: "FAIL"}, "xid-events": {LOST: "FAIL"},

@@ -102,7 +102,9 @@ def per_gpu(measure: Callable[[torch.device], dict[str, Any]], *,
             continue
         device = torch.device("cuda", i)
         with torch.cuda.device(device):
-            rows.append({"index": i, "pci": pci_of(i), **measure(device)})
+            # the CUDA device's own name: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" on a MIG slice
+            rows.append({"index": i, "pci": pci_of(i), "device_name": torch.cuda.get_device_name(i),
+                         **measure(device)})
         torch.cuda.empty_cache()
     return rows
 

@@ -60,8 +60,16 @@ def _matmul(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) ->
         if cpu is None:
             raise NotSupported("the scenario has no measurements.matmul.cpu")
         return [{"index": None, "pci": None, "device": "cpu", "tflops": dict(cpu)}]
-    return [{"index": i, "pci": pci, "device": f"cuda:{i}", "tflops": dict(entry)}
+    return [{"index": i, "pci": pci, "device": f"cuda:{i}", **_named(entry),
+             "tflops": {k: v for k, v in dict(entry).items() if k != "device_name"}}
             for i, pci, entry in per_gpu({k: v for k, v in raw.items() if k != "cpu"}, gpus)]
+
+
+def _named(entry: Any) -> dict[str, str]:
+    """`device_name` of a per-GPU entry: the name CUDA gives the device (a MIG slice's names
+    its profile), as the real measurement reports it."""
+    name = entry.get("device_name") if isinstance(entry, Mapping) else None
+    return {"device_name": str(name)} if name else {}
 
 
 def _membw(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:
@@ -73,7 +81,7 @@ def _membw(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> 
         if cpu is None:
             raise NotSupported("the scenario has no measurements.membw.cpu")
         return [{"index": None, "pci": None, "device": "cpu", "copy_gbs": gbs(cpu)}]
-    return [{"index": i, "pci": pci, "device": f"cuda:{i}", "copy_gbs": gbs(entry)}
+    return [{"index": i, "pci": pci, "device": f"cuda:{i}", **_named(entry), "copy_gbs": gbs(entry)}
             for i, pci, entry in per_gpu({k: v for k, v in raw.items() if k != "cpu"}, gpus)]
 
 

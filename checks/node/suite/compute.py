@@ -3,6 +3,7 @@ in-node straggler rule (a GPU far below its peers fails even when within spec)."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,12 @@ def _absolute(ctx: Context, metric: str, fraction_key: str) -> rules.Threshold |
     fraction = float(p.get(fraction_key, 0.5))
     return rules.Threshold(float(peak) * fraction,
                            f"{fraction:g} x {peak:g} spec peak (profile {p.name})")
+
+
+# The MIG profile in the name CUDA gives a slice: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" (the
+# device properties Hugging Face's `spaces` package records for a ZeroGPU slice: 42 of the
+# A100's 108 SMs, 42144366592 bytes, driver 535).
+MIG_SLICE = re.compile(r"\bMIG (\d+g\.\d+gb(?:\+\w+)*)\b")
 
 
 def judge_per_gpu(values: dict[int, dict[str, float]], metrics: list[str],
@@ -71,7 +78,20 @@ def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], k
             continue
         values = row[key] if isinstance(row[key], dict) else {metrics[0]: row[key]}
         by_index[int(gpu.device.index or 0)] = {m: float(v) for m, v in values.items() if m in metrics}
-    verdicts = judge_per_gpu(by_index, metrics, thresholds, peaks, straggler_pct, unit)
+    # A MIG slice has a share of the GPU's SMs and memory: the profile's peaks are the whole
+    # GPU's, so a slice is judged only against the other slices of its profile (straggler rule).
+    slices: dict[int, str] = {}
+    for gpu in ctx.gpus:
+        row = plan.find_row(rows, gpu)
+        found = MIG_SLICE.search(str(row.get("device_name") or "")) if row else None
+        if found and int(gpu.device.index or 0) in by_index:
+            slices[int(gpu.device.index or 0)] = found.group(1)
+    verdicts: dict[int, tuple[list[str], list[str]]] = {}
+    for group in {slices.get(i) for i in by_index}:
+        members = {i: v for i, v in by_index.items() if slices.get(i) == group}
+        verdicts.update(judge_per_gpu(
+            members, metrics, thresholds if group is None else dict.fromkeys(metrics),
+            peaks if group is None else dict.fromkeys(metrics), straggler_pct, unit))
     expected = "; ".join(f"{LABELS.get(m, m.split('_')[0])} >= {t.value:.0f}"
                          for m, t in thresholds.items() if t) or None
 
@@ -84,6 +104,10 @@ def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], k
         first = metrics[0]
         details = {"figures": figures, "straggler_pct": straggler_pct}
         text = f"{', '.join(readings)} {unit}"
+        if index in slices:
+            details["mig_slice"] = slices[index]
+            text += (f" (MIG {slices[index]} slice: the spec peaks are the whole GPU's; judged "
+                     "only against the other slices of its profile)")
         if problems:
             details["rule"] = "straggler" if all(p.startswith("straggler") for p in problems) \
                 else "threshold"
