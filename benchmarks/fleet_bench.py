@@ -11,9 +11,11 @@ installed) and the pure-Python jsonschema (the fallback), the latter on a sample
     python benchmarks/fleet_bench.py --scale 1000,10000
 
 builds each fleet size and aggregates it in a fresh child process, the way `python -m checks.fleet
-report` does, printing its wall s, CPU s and peak RSS (the child's own getrusage) and which validator
-it used; run it with the venv users get (no dev extras), docs/fleet-memory.md says how. The scale
-goal: 10 000 hosts in <= 5 s and <= 500 MB.
+report` does, printing its wall s, CPU s and peak RSS (the child's own getrusage), which validator
+and parser it used; run it with the venv users get (no dev extras), docs/fleet-memory.md says how.
+The scale goal: 10 000 hosts in <= 5 s and <= 500 MB. `--compare DIR` aggregates each fleet also
+with the `checks` package found in DIR (an earlier version: `git archive REV checks | tar -x -C
+DIR`) and prints both side by side with the ratios.
 """
 
 from __future__ import annotations
@@ -49,29 +51,47 @@ try:
     validator = "jsonschema-rs"
 except ImportError:
     validator = "jsonschema (pure Python)"
+parser = "orjson" if getattr(load, "_orjson", None) is not None else "json"
 print(json.dumps({"hosts": len(fleet.hosts), "verdict": fleet.verdict, "wall": wall, "cpu": cpu,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "validator": validator}))
+                  "validator": validator, "parser": parser}))
 """
 
 
-def run_scale(sizes: list[int], check: bool) -> int:
-    """Each fleet size aggregated in a fresh child process: wall, CPU, peak RSS."""
+def _aggregate_in_child(directory: Path, root: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(directory), root],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"aggregating with {root} failed: {out.stderr.strip().splitlines()[-1:]}")
+    got: dict[str, Any] = json.loads(out.stdout)
+    return got
+
+
+def run_scale(sizes: list[int], check: bool, compare: str | None = None) -> int:
+    """Each fleet size aggregated in a fresh child process: wall, CPU, peak RSS (and the same with
+    the code in `compare`, side by side)."""
     root = str(Path(__file__).resolve().parents[1])
     base = synthetic.base_report()
     over = False
-    print(f"{'hosts':>7}  {'wall':>8}  {'cpu':>8}  {'peak RSS':>9}  validator")
+    print(f"{'hosts':>7}  {'wall':>8}  {'cpu':>8}  {'peak RSS':>9}  validator, parser"
+          + ("   | compared with " + compare + ": wall, cpu, peak RSS (ratio now/then)" if compare else ""))
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
-            directory = synthetic.write(synthetic.build(n, base=base), Path(tmp) / "run")
-            out = subprocess.run([sys.executable, "-c", _CHILD, str(directory), root],
-                                 capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            print(f"error: aggregating {n} hosts failed: {out.stderr.strip().splitlines()[-1:]}")
-            return 1
-        got = json.loads(out.stdout)
+            directory = synthetic.write(synthetic.iter_build(n, base=base), Path(tmp) / "run")
+            try:
+                got = _aggregate_in_child(directory, root)
+                then = _aggregate_in_child(directory, compare) if compare else None
+            except RuntimeError as exc:
+                print(f"error: {n} hosts: {exc}")
+                return 1
         assert got["hosts"] == n and got["verdict"] == "PASS", got
-        print(f"{n:7d}  {got['wall']:7.2f}s  {got['cpu']:7.2f}s  {got['rss_mb']:6.0f} MB  {got['validator']}")
+        line = (f"{n:7d}  {got['wall']:7.2f}s  {got['cpu']:7.2f}s  {got['rss_mb']:6.0f} MB  "
+                f"{got['validator']}, {got['parser']}")
+        if then is not None:
+            line += (f"   | {then['wall']:7.2f}s {then['cpu']:7.2f}s {then['rss_mb']:6.0f} MB  "
+                     f"({got['wall'] / then['wall']:.2f}x, {got['cpu'] / then['cpu']:.2f}x, "
+                     f"{got['rss_mb'] / then['rss_mb']:.2f}x)")
+        print(line, flush=True)
         hosts, goal_s, goal_mb = SCALE_GOAL
         if n == hosts and (got["wall"] > goal_s or got["rss_mb"] > goal_mb):
             over = True
@@ -97,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--check", action="store_true", help="exit 1 when over the goal")
     p.add_argument("--scale", metavar="N,N", help="fleet sizes to aggregate in a child process each")
+    p.add_argument("--compare", metavar="DIR", help="with --scale: also aggregate with the checks "
+                                                    "package in DIR (an earlier version)")
     args = p.parse_args(argv)
     if args.scale:
         try:
             sizes = [int(n) for n in args.scale.split(",")]
         except ValueError:
             p.exit(2, f"error: --scale takes host counts separated by commas, not {args.scale!r}\n")
-        return run_scale(sizes, args.check)
+        if args.compare and not (Path(args.compare) / "checks" / "report" / "aggregate.py").is_file():
+            p.exit(2, f"error: --compare {args.compare}: no checks/report/aggregate.py there\n")
+        return run_scale(sizes, args.check, args.compare)
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         t0 = time.perf_counter()

@@ -235,7 +235,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     expected, errors = _expected(args), _host_errors(args.host_errors)
     cross = crosshost.merge(directory)
     with loader.gc_paused():
-        found, outside = _outside(_checked_something(loader.read_dir(directory)),
+        found, outside = _outside(_checked_something(aggregate.read(directory)),
                                   expected if args.inventory else None, errors)
     if outside:
         err.print(f"warning: {len(outside)} report(s) from hosts outside the inventory, not counted: "

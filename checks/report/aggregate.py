@@ -34,6 +34,7 @@ from checks.report import figures as figs
 from checks.report import load as loader
 from checks.report import nvl72
 from checks.report import stragglers as strag
+from checks.report import summary as summary_
 from checks.report.findings import Drift, Finding, HostEntry, Lemon
 
 SCHEMA_VERSION = "1.1"
@@ -251,6 +252,37 @@ def _host_status(report: dict[str, Any]) -> str:
     return "WARN" if report["summary"].get("WARN") else "PASS"
 
 
+@dataclass
+class Summarised(loader.HostReport):
+    """A host report as the fleet keeps it: `report` is its summary (summary.py) and `published`
+    the figures and curves taken from the whole report before it was reduced."""
+
+    published: list[figs.Figure | figs.Curve] = field(default_factory=list)
+
+
+def read(directory: Path) -> list[loader.HostReport]:
+    """Every report in `directory` (loader.read: checked, validated), each reduced to its summary
+    as soon as it is read: one whole report in memory at a time, whatever the fleet's size."""
+    validate, compactor = loader.validator(), summary_.Compactor()
+    found: list[loader.HostReport] = []
+    with loader.gc_paused():
+        for path in sorted(directory.glob("*.json")):
+            item = loader.read(path, validate=validate)
+            if item is None:
+                continue
+            if item.report is not None:
+                item = Summarised(item.host, compactor.compact(item.report), None, item.path,
+                                  list(figs.extract(item.host, item.report)))
+            found.append(item)
+    return loader.flag_duplicates(found)
+
+
+def _published(item: loader.HostReport, report: dict[str, Any]) -> list[figs.Figure | figs.Curve]:
+    if isinstance(item, Summarised):
+        return item.published
+    return list(figs.extract(item.host, report))
+
+
 def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[str] | None = None,
               host_errors: Mapping[str, str] | None = None, run_id: str | None = None,
               source: str | None = None) -> Fleet:
@@ -258,6 +290,7 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     have a report; `host_errors` gives the caller's reason for a host without one."""
     host_errors = dict(host_errors or {})
     entries: dict[str, HostEntry] = {}
+    published: dict[str, list[figs.Figure | figs.Curve]] = {}
     for item in found:
         if item.report is None:
             entries[item.host] = HostEntry(item.host, "ERROR", item.error or "report unreadable")
@@ -267,6 +300,7 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
             item.host, _host_status(report), host_errors.get(item.host), item.report["host"],
             report["profile"]["name"], dict(report["summary"]), report=report,
             report_finished_at=finished_at(report))
+        published[item.host] = _published(item, item.report)
     for host in [*(expected_hosts or ()), *host_errors]:
         if host not in entries:
             entries[host] = HostEntry(host, "MISSING", host_errors.get(host) or "no report")
@@ -285,12 +319,11 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     figures: list[figs.Figure] = []
     curves: list[figs.Curve] = []
     for entry in hosts:
-        if entry.report is not None:
-            for published in figs.extract(entry.host, entry.report):
-                if isinstance(published, figs.Figure):
-                    figures.append(published)
-                else:
-                    curves.append(published)
+        for pub in published.get(entry.host, ()) if entry.report is not None else ():
+            if isinstance(pub, figs.Figure):
+                figures.append(pub)
+            else:
+                curves.append(pub)
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
     figures, broken = strag.split_finite(figures)  # a NaN figure is a finding, never dropped
     groups = strag.group(figures, profile_of.__getitem__)
@@ -313,13 +346,14 @@ def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:
 
 
 def load(directory: str | Path, **kw: Any) -> Fleet:
-    """Load and aggregate reports/<run-id>/*.json; the run id defaults to the directory name."""
+    """Load and aggregate reports/<run-id>/*.json; the run id defaults to the directory name.
+    Streams: the fleet holds each host's summary (read), never the whole reports."""
     directory = Path(directory)
     with loader.gc_paused():
-        fleet = aggregate(loader.read_dir(directory), source=str(directory), **kw)
+        fleet = aggregate(read(directory), source=str(directory), **kw)
     if fleet.run_id is None:
         fleet.run_id = directory.name
     return fleet
 
 
-__all__ = ["Fleet", "HostEntry", "aggregate", "from_reports", "load"]
+__all__ = ["Fleet", "HostEntry", "Summarised", "aggregate", "from_reports", "load", "read"]

@@ -1,0 +1,140 @@
+"""The controller streams a run's reports: each one is read, checked, its figures taken and then
+reduced to its summary (checks.report.summary), so the fleet never holds the whole reports; what
+the renderers and the history read of a host is the same from the summary as from the report.
+And the loader's orjson fast path reads every text into what json reads, or leaves it to json."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
+from checks.fleet import fleet_junit, fleet_terminal, history
+from checks.render import html
+from checks.report import aggregate, load
+
+
+class _Tracked(dict):  # a dict that a weak reference can follow
+    pass
+
+
+def test_the_fleet_keeps_none_of_the_reports_it_read(tmp_path: Path, h100_report: dict[str, Any],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every whole report the loader returns is gone once the fleet is built, and while reading
+    at most the one in hand is alive: memory does not grow with whole reports."""
+    reports = synthetic.build(40, base=h100_report, broken=[Broken("node0003", "gpu-count")])
+    directory = synthetic.write(reports, tmp_path / "run")
+    del reports
+    real_read, alive, most = load.read, [], [0]
+
+    def tracked_read(path: Path, host: str | None = None,
+                     validate: load.Validator | None = None) -> load.HostReport | None:
+        item = real_read(path, host, validate)
+        if item is not None and item.report is not None:
+            item.report = _Tracked(item.report)
+            alive.append(weakref.ref(item.report))
+            most[0] = max(most[0], sum(ref() is not None for ref in alive))
+        return item
+
+    monkeypatch.setattr(load, "read", tracked_read)
+    fleet = aggregate.load(directory)
+    gc.collect()
+    assert len(alive) == 40 and len(fleet.hosts) == 40
+    assert [ref for ref in alive if ref() is not None] == []
+    assert most[0] <= 2  # the report in hand (and the one before it, until its name is rebound)
+    assert fleet.summary["FAIL"] == 1 and fleet.by_check[0].check == "gpu-count"
+
+
+def _whole(directory: Path) -> aggregate.Fleet:
+    """The fleet as it was built before streaming: every whole report kept."""
+    fleet = aggregate.aggregate(load.read_dir(directory), source=str(directory))
+    fleet.run_id = fleet.run_id or directory.name
+    return fleet
+
+
+def test_renderers_and_history_see_the_same_fleet_from_summaries(tmp_path: Path,
+                                                                 h100_report: dict[str, Any]) -> None:
+    base = synthetic.base_report("fault-xid-79")
+    reports = synthetic.build(6, base=h100_report, slow=[Slow("node0002", "matmul_bf16_tflops", 0.8, gpu=1)],
+                              broken=[Broken("node0004", "gpu-count"),
+                                      Broken("node0005", "ecc-errors", gpu=2)])
+    reports += synthetic.build(1, base=base)
+    reports[-1]["host"] = "node0009"
+    directory = synthetic.write(reports, tmp_path / "run")
+    streamed, whole = aggregate.load(directory), _whole(directory)
+    streamed.generated_at = whole.generated_at
+    assert any(isinstance(h.report, dict) and "environment" not in h.report for h in streamed.hosts)
+    assert streamed.to_dict() == whole.to_dict()
+    assert _xml(fleet_junit.to_xml(streamed)) == _xml(fleet_junit.to_xml(whole))
+    assert html.render(streamed) == html.render(whole)
+    assert fleet_terminal.compact_lines(streamed) == fleet_terminal.compact_lines(whole)
+    assert sorted(history._rows(streamed, "r")) == sorted(history._rows(whole, "r"))
+
+
+def _xml(root: Any) -> bytes:
+    import xml.etree.ElementTree as ET
+
+    return ET.tostring(root)
+
+
+def _reference(raw: bytes) -> tuple[str, Any]:
+    """What json (with the loader's hooks) makes of `raw`: ("ok", value) or ("error", message)."""
+    try:
+        return "ok", json.loads(raw, parse_int=load._bounded_int, object_pairs_hook=load._unique_keys)
+    except RecursionError:
+        return "error", "nested too deep"
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+TEXTS = [
+    b'{"a": 1, "b": [1.5, -0, 1e5, "x:y"], "c": {"d": null, "e": true}}',
+    b'{"a": 1, "a": 2}',  # a key twice
+    b'{"a": {"k": "v", "k": "w"}}',  # nested
+    b'{"a": "x", "b": {"c": 1, "c": 1}}',  # the same value twice
+    b'{"k": 1, "k": 2, "s": "\\u003a"}',  # an escaped colon may not stand in for the dropped key's
+    b'{"k": 1, "k": 2, "s": "\\u003A"}',
+    b'{"k" : 1, "k": 2, "s": "a:b"}',  # whitespace before a colon, a colon in a string
+    b'{"k": "a:b:c", "k": "", "s": "::"}',
+    b'{"n": 123456789012345678}',  # 18 digits: orjson reads it
+    b'{"n": 1234567890123456789}',  # 19 digits: json's path
+    b'{"n": 18446744073709551616}',  # 2**64: 20 digits, past 64 bits
+    b'{"n": ' + b"9" * 25 + b"}",  # refused by the digit bound
+    b'{"f": NaN, "g": -Infinity}',
+    b'["\\ud800"]',  # lone surrogate
+    b'["\xed\xa0\x80"]',
+    b"[" * 300 + b"]" * 300,  # deeper than orjson writes (254)
+    b"[" * 1100 + b"]" * 1100,  # deeper than orjson reads (1024)
+    '{"x": "\u00e9"}'.encode("utf-16"),
+    b"\xef\xbb\xbf{}",  # a byte-order mark
+    b"null",
+    b'{"a": 1,}',
+    b"",
+]
+
+
+@pytest.mark.parametrize("raw", TEXTS, ids=range(len(TEXTS)))
+def test_parse_json_reads_what_json_reads(raw: bytes) -> None:
+    want = _reference(raw)
+    try:
+        got: tuple[str, Any] = "ok", load.parse_json(raw)
+    except ValueError as exc:
+        got = "error", str(exc)
+    if want[0] == "ok" and isinstance(want[1], float | dict | list):
+        assert got[0] == "ok" and json.dumps(got[1]) == json.dumps(want[1])  # NaN != NaN
+    else:
+        assert got == want
+
+
+def test_the_fast_path_is_taken_for_a_report() -> None:
+    raw = json.dumps(synthetic.build(1, base=synthetic.base_report())[0]).encode()
+    if load._orjson is None:
+        pytest.skip("orjson is not installed: json reads every report")
+    assert load._fast(raw) == json.loads(raw)
+    assert load._fast(b'{"a": 1, "a": 2}') is None
