@@ -284,6 +284,10 @@ FAIL_CLOSED = r"""rc=$?
 [ "$rc" -eq 3 ] && exit 3  # the run found Slurm unreachable: Slurm drains a Prolog/Epilog node
 # scontrol retries a missing slurm.conf for 60 s: no call that cannot succeed
 [ -z "${SLURM_CONF:-}" ] || [ -r "$SLURM_CONF" ] || exit 3
+if [ -z "$NODE" ]; then  # not under slurmd: this host's name as Slurm knows it, full or short
+  NODE=$(uname -n)
+  "$SCONTROL" -o show node "$NODE" >/dev/null 2>&1 || NODE=${NODE%%.*}
+fi
 case "$NODE" in  # one node name, as slurm_control.node_name: no range, list or ALL
   ""|[!A-Za-z0-9]*|*[!A-Za-z0-9_.-]*|[Aa][Ll][Ll])
     echo "nodecert: $ROLE run exited $rc; node name '$NODE' is not one Slurm node" >&2; exit 2 ;;
@@ -311,7 +315,7 @@ def _sh_lines(name: str, role: str, prefix: str, python: str, scontrol: str, run
              f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts",
              f"PATH={q(path)}${{PATH:+:$PATH}}; export PATH",  # slurmd's PATH is bare
              f"SCONTROL={q(scontrol)} ROLE={q(role)} PREFIX={q(prefix)} CONFIG_ID={CONFIG_ID}",
-             'NODE=$SLURMD_NODENAME; [ -n "$NODE" ] || { NODE=$(uname -n); NODE=${NODE%%.*}; }']
+             'NODE=${SLURMD_NODENAME:-}']
     conf = os.environ.get("SLURM_CONF")
     if conf:
         lines.append(f"export SLURM_CONF={q(conf)}")
@@ -352,6 +356,8 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
     return written
 
 
+NODE_HELP = ("Slurm node name (default: $SLURMD_NODENAME, else the node whose NodeName or "
+             "NodeHostname equals this host's name, else its short name)")
 DRAIN_BUDGET_HELP = ("cluster-wide budget: when this share of the nodes (at least one) is "
                      "already drained with nodecert's reason, a new drain is held back and "
                      "alerted instead (exit 4; an administrator's drains do not count; "
@@ -376,14 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("report", metavar="FILE",
                      help="host report (python -m checks --json) or fleet summary "
                           "(python -m checks.fleet report --json)")
-    rep.add_argument("--node", help="Slurm node name (default: the report's host, short name)")
+    rep.add_argument("--node", help="Slurm node name (default: the node the report's host names: "
+                                    "NodeName or NodeHostname equal to it, else to its short name)")
     rep.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
                      help="fleet summary: never drain more than this share of a partition at "
                           "once; the rest are reported, not drained (default 0.10)")
     for role, what in (("health-check", "HealthCheckProgram"), ("epilog", "Epilog")):
         hc = sub.add_parser(role, parents=[common],
                             help=f"run python -m checks here, then act on this node ({what})")
-        hc.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
+        hc.add_argument("--node", help=NODE_HELP)
         hc.add_argument("--level", default="quick", choices=("quick", "standard", "burn-in"),
                         help="check level (default quick: seconds, safe between jobs)")
         hc.add_argument("--timeout", type=float, default=300.0, metavar="S",
@@ -403,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     pro = sub.add_parser("prolog", parents=[common],
                          help="Prolog: drain this node and exit 1 (Slurm requeues the job) when "
                               "its last verdict failed or its last health check was killed")
-    pro.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else hostname -s)")
+    pro.add_argument("--node", help=NODE_HELP)
     pro.add_argument("--state-dir", default=STATE_DIR, metavar="DIR")
     pro.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
                      help=DRAIN_BUDGET_HELP)
@@ -472,7 +479,8 @@ def _report(args: argparse.Namespace) -> int:
     if item.report is None:
         raise InputError(f"{args.report}: {item.error}")
     host = item.report["host"]
-    node = node_name(args.node or node_name(str(host), f"{path}: host").split(".")[0], "--node")
+    node = node_name(args.node or control.resolve_node(node_name(str(host), f"{path}: host")),
+                     "--node")
     result = verdict(item.report)
     if result.failed != (item.report["verdict"] == "FAIL"):
         raise InputError(f"{path}: verdict {item.report['verdict']} contradicts its checks "

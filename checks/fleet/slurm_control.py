@@ -158,5 +158,39 @@ def act(action: Action, apply: bool) -> None:
         print(f"dry run (--apply to run): {shlex.join(cmd)}")
 
 
+def node_hostnames() -> dict[str, str]:
+    """Every node's NodeName and NodeHostname (one `sinfo -N`; the hostname is the NodeName
+    when slurm.conf sets none)."""
+    out = run(["sinfo", "-h", "-N", "-o", "%N|%n"])
+    pairs = (line.split("|", 1) for line in out.splitlines() if "|" in line)
+    return {name.strip(): host.strip() for name, host in pairs if name.strip()}
+
+
+def match_node(host: str, nodes: dict[str, str]) -> str | None:
+    """The NodeName a host name stands for, matched exactly (no case folding, no prefixes): a
+    NodeName equal to it, else the one node whose NodeHostname equals it; then the same for its
+    short name (before the first '.'). `nodes`: NodeName -> NodeHostname. None when nothing
+    matches, or when several nodes share that NodeHostname (several slurmd on one host)."""
+    for name in dict.fromkeys([host, host.split(".")[0]]):
+        if name in nodes:
+            return name
+        by_host = [node for node, hostname in nodes.items() if hostname == name]
+        if len(by_host) == 1:
+            return by_host[0]
+    return None
+
+
+def resolve_node(host: str) -> str:
+    """match_node against the cluster (one sinfo call); SlurmError when it knows no such node."""
+    found = match_node(host, node_hostnames())
+    if found is None:
+        raise SlurmError(f"sinfo knows no node for host {host!r} (matched exactly: a NodeName "
+                         "or NodeHostname equal to the full, then the short name)")
+    return found
+
+
 def local_node() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    """This node's NodeName: $SLURMD_NODENAME, which slurmd sets for the programs it runs, taken
+    as it is; elsewhere (cron, by hand) this host's name matched against the cluster's nodes
+    (resolve_node: fully qualified NodeNames, NodeHostname != NodeName)."""
+    return os.environ.get("SLURMD_NODENAME") or resolve_node(socket.gethostname())

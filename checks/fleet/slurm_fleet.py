@@ -36,7 +36,7 @@ SCHEMA = Path(__file__).resolve().parents[1] / "schema" / "fleet.schema.json"
 @dataclass
 class HostFindings:
     host: str  # the summary's host name
-    node: str  # the Slurm node name (short name)
+    node: str  # the Slurm node name (slurm_control.match_node; until matched, the short name)
     status: str
     failing: list[str] = field(default_factory=list)  # findings that drain
     warnings: list[str] = field(default_factory=list)
@@ -95,24 +95,27 @@ class Membership:
     partitions: dict[str, set[str]]  # partition -> its nodes
     of_node: dict[str, set[str]]  # node -> its partitions
     states: dict[str, sl.NodeState]
+    hostnames: dict[str, str] = field(default_factory=dict)  # node -> its NodeHostname
 
 
 def membership() -> Membership:
-    out = sl.run(["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"])
+    out = sl.run(["sinfo", "-h", "-N", "-o", "%N|%n|%P|%T|%E"])
     partitions: dict[str, set[str]] = defaultdict(set)
     of_node: dict[str, set[str]] = defaultdict(set)
     states: dict[str, sl.NodeState] = {}
+    hostnames: dict[str, str] = {}
     for line in out.splitlines():
-        parts = line.split("|", 3)
-        if len(parts) != 4:
+        parts = line.split("|", 4)
+        if len(parts) != 5:
             continue
-        node, part, state, reason = (p.strip() for p in parts)
+        node, hostname, part, state, reason = (p.strip() for p in parts)
         part = part.rstrip("*")  # the default partition is marked
         partitions[part].add(node)
         of_node[node].add(part)
+        hostnames[node] = hostname
         reason = "" if reason == "none" else reason
         states[node] = sl.NodeState(state.lower().rstrip("*~#!%$@^-"), reason)
-    return Membership(dict(partitions), dict(of_node), states)
+    return Membership(dict(partitions), dict(of_node), states, hostnames)
 
 
 def _reason(prefix: str, found: HostFindings) -> str:
@@ -143,6 +146,8 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
     except sl.InputError as exc:
         raise sl.InputError(f"{path}: {exc}") from None
     where = membership()
+    for found in per_host.values():  # fully qualified NodeNames, NodeHostname != NodeName
+        found.node = sl.match_node(found.host, where.hostnames) or found.node
     ours = f"{prefix}:"  # an administrator's drains do not use up the budget
     drained_now = {p: sum(1 for n in nodes if where.states[n].drained
                           and where.states[n].reason.startswith(ours))

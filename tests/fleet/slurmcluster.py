@@ -78,6 +78,8 @@ class SlurmCluster:
     nodes: Sequence[str] = ("node1",)
     cpus: int = 2
     extra_conf: dict[str, str] = field(default_factory=dict)
+    # NodeName -> the node's host name (NodeHostname=) where they differ; else the NodeName
+    hostnames: dict[str, str] = field(default_factory=dict)
     tag: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -98,6 +100,9 @@ class SlurmCluster:
     def addr(self, node: str) -> str:
         return f"{self.subnet}.{11 + list(self.nodes).index(node)}"
 
+    def hostname(self, node: str) -> str:
+        return self.hostnames.get(node, node)
+
     def netns(self, node: str) -> str:
         return f"{self.tag}-{node}"
 
@@ -117,7 +122,7 @@ class SlurmCluster:
         """A command line that runs inside the node's namespaces, with its hostname."""
         # Node names resolve as on a real cluster: the cluster's hosts file is bind-mounted over
         # /etc/hosts in the node's own mount namespace (nothing changes outside it).
-        script = (f'mount --bind {self.base / "hosts"} /etc/hosts && hostname {node} && '
+        script = (f'mount --bind {self.base / "hosts"} /etc/hosts && hostname {self.hostname(node)} && '
                   'exec "$@"')
         # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then finds no cgroup fs.
         return ["nsenter", f"--net=/run/netns/{self.netns(node)}", "unshare", "--uts", "--mount",
@@ -210,7 +215,8 @@ class SlurmCluster:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         hosts = (["127.0.0.1 localhost", f"{self.controller_addr} {socket.gethostname()}"]
-                 + [f"{self.addr(n)} {n}" for n in self.nodes])
+                 + [f"{self.addr(n)} {' '.join(dict.fromkeys([n, self.hostname(n)]))}"
+                    for n in self.nodes])
         (self.base / "hosts").write_text("\n".join(hosts) + "\n")
 
     def _munge(self) -> None:
@@ -260,7 +266,9 @@ class SlurmCluster:
         }
         text = "".join(f"{k}={v}\n" for k, v in lines.items())
         for node in self.nodes:
-            text += f"NodeName={node} NodeAddr={self.addr(node)} CPUs={self.cpus} State=UNKNOWN\n"
+            named = f" NodeHostname={self.hostnames[node]}" if node in self.hostnames else ""
+            text += (f"NodeName={node}{named} NodeAddr={self.addr(node)} CPUs={self.cpus} "
+                     "State=UNKNOWN\n")
         text += "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         self.conf.write_text(text)
 
