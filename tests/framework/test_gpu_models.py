@@ -1,6 +1,7 @@
 """A GPU model is one profile: the preflight role's model and platform tables are generated from
-checks/profiles/*.yaml (`python -m checks.docgen.models`), its architecture table agrees with
-every profile, and docs/contributing.md's "Adding a GPU model" checklist holds for every profile.
+checks/profiles/*.yaml (`python -m checks.docgen.preflight_models`), its architecture table
+agrees with every profile, and docs/contributing.md's "Adding a GPU model" checklist holds for
+every profile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from checks import profiles
-from checks.docgen import models
+from checks.docgen import preflight_models as models
 from checks.hw.scenario_file import load_scenario, merge, shipped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +145,7 @@ def test_adding_a_gpu_model_checklist_holds_for_every_profile() -> None:
     section = (ROOT / "docs" / "contributing.md").read_text().split("### Adding a GPU model", 1)
     assert len(section) == 2, "docs/contributing.md lost its 'Adding a GPU model' checklist"
     checklist = section[1].split("\n#", 1)[0]
-    for needed in ("checks/profiles/", "checks/scenarios/", "python -m checks.docgen.models --write",
+    for needed in ("checks/profiles/", "checks/scenarios/", f"python -m {models.PROG} --write",
                    "tests/framework/test_gpu_models.py"):
         assert needed in checklist, f"the checklist no longer says {needed!r}"
     missing = {p.name for p in MODELS} - _selected_by_shipped_scenarios()

@@ -14,9 +14,9 @@ IDs fall in one `_preflight_gpu_architectures` range, of the architecture its
 `compute_capability` names, and that range's kernel-module flavour is `open_required` exactly
 when the profile says `blackwell.open_module_required`.
 
-    python -m checks.docgen.models            # print the generated rows
-    python -m checks.docgen.models --write    # refresh the vars file in place
-    python -m checks.docgen.models --check    # exit 1 when it is out of date or disagrees
+    python -m checks.docgen.preflight_models            # print the generated rows
+    python -m checks.docgen.preflight_models --write    # refresh the vars file in place
+    python -m checks.docgen.preflight_models --check    # exit 1 when it is out of date or disagrees
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from checks import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 VARS = ROOT / "playbooks" / "roles" / "preflight" / "vars" / "main.yml"
-PROG = "checks.docgen.models"
+PROG = "checks.docgen.preflight_models"
 COMMAND = f"python -m {PROG} --write"
 SOURCE = "checks/profiles/*.yaml"
 
