@@ -16,8 +16,8 @@ import pytest
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
 from checks.fleet import fleet_junit, fleet_terminal, history
-from checks.render import html
-from checks.report import aggregate, load
+from checks.render import html, prometheus
+from checks.report import aggregate, load, summary
 
 
 class _Tracked(dict):  # a dict that a weak reference can follow
@@ -66,15 +66,25 @@ def test_renderers_and_history_see_the_same_fleet_from_summaries(tmp_path: Path,
                                       Broken("node0005", "ecc-errors", gpu=2)])
     reports += synthetic.build(1, base=base)
     reports[-1]["host"] = "node0009"
+    reports += synthetic.build(1, base=synthetic.base_report("node-gpu-lost"))
+    reports[-1]["host"] = "node0010"  # a lost GPU: a failed check with SKIPped results beside
     directory = synthetic.write(reports, tmp_path / "run")
     streamed, whole = aggregate.load(directory), _whole(directory)
     streamed.generated_at = whole.generated_at
-    assert any(isinstance(h.report, dict) and "environment" not in h.report for h in streamed.hosts)
+    kept = [r for h in streamed.hosts for c in h.report["checks"] for r in c["results"]
+            if c["id"] not in summary.WHOLE_CHECKS]
+    assert {r["status"] for r in kept} >= {"PASS", "SKIP", "FAIL"}
+    assert not any("expected" in r for r in kept if r["status"] in ("PASS", "SKIP"))  # reduced
+    assert all("environment" not in h.report for h in streamed.hosts)
     assert streamed.to_dict() == whole.to_dict()
     assert _xml(fleet_junit.to_xml(streamed)) == _xml(fleet_junit.to_xml(whole))
     assert html.render(streamed) == html.render(whole)
     assert fleet_terminal.compact_lines(streamed) == fleet_terminal.compact_lines(whole)
     assert sorted(history._rows(streamed, "r")) == sorted(history._rows(whole, "r"))
+    written = [prometheus.write_fleet(f, tmp_path / name, host_files=True)
+               for f, name in ((streamed, "prom-streamed"), (whole, "prom-whole"))]
+    assert len(written[0]) == 9  # the fleet file and one per host
+    assert [p.read_bytes() for p in written[0]] == [p.read_bytes() for p in written[1]]
 
 
 def _xml(root: Any) -> bytes:
