@@ -184,7 +184,7 @@ def _publish_unhealthy(args: argparse.Namespace) -> None:
     NodecertHostUnhealthy fires; a textfile directory that is what broke is left as it is."""
     if args.textfile_dir:
         with contextlib.suppress(Exception):
-            gate.publish(Path(args.textfile_dir), args.node, args.level, None)
+            gate.publish(Path(args.textfile_dir), args.node, args.level, None, args.interval)
 
 
 def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -205,7 +205,8 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
                 result = run_checks(args.level, extra, args.timeout, state_dir)
             gate.clear_marker(state_dir)
             if args.textfile_dir:
-                gate.publish(Path(args.textfile_dir), node, args.level, _kept_report(state_dir))
+                gate.publish(Path(args.textfile_dir), node, args.level, _kept_report(state_dir),
+                             args.interval)
         held = _act_here(node, result, state_dir, args.prefix, args.apply, args.max_drain_fraction)
     except gate.UsageError as exc:  # a configuration error, not a node fault (FAIL_CLOSED)
         with contextlib.suppress(OSError):
@@ -342,6 +343,8 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
                      "--slurm-timeout", f"{plan.slurm_call_timeout_s:g}"]
             if textfile_dir:
                 args += ["--textfile-dir", textfile_dir]
+                if plan.interval_s:
+                    args += ["--interval", f"{plan.interval_s:g}"]
             if plan.budget_s is not None:
                 args += ["--budget", f"{plan.budget_s:g}s"]
             if checks_args:
@@ -407,6 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(atomically) after each run")
         hc.add_argument("--max-drain-fraction", type=float, default=0.10, metavar="F",
                         help=DRAIN_BUDGET_HELP)
+        hc.add_argument("--interval", type=cliutil.number(float, above=0), metavar="S",
+                        help="how often this runs (HealthCheckInterval; a cron period): published "
+                             "as nodecert_run_interval_seconds with --textfile-dir, for the "
+                             "staleness alert (scripts takes it from slurm.conf)")
     pro = sub.add_parser("prolog", parents=[common],
                          help="Prolog: drain this node and exit 1 (Slurm requeues the job) when "
                               "its last verdict failed or its last health check was killed")

@@ -46,6 +46,7 @@ class Limits:
     prolog_epilog_timeout_s: float | None  # None: not set (Slurm waits indefinitely)
     scheduler_parameters: tuple[str, ...]
     source: str  # the file read, or "defaults"
+    health_check_interval_s: float | None = None  # HealthCheckInterval; None: 0 or unset (off)
 
     @property
     def nohold_on_prolog_fail(self) -> bool:
@@ -62,6 +63,7 @@ class Plan:
     budget_s: float | None
     health_check_max_s: float  # the largest --timeout the health check can take
     epilog_max_s: float
+    interval_s: float | None = None  # how often the health check runs (the staleness metric)
 
 
 def parameters(text: str) -> dict[str, str]:
@@ -108,7 +110,8 @@ def read(path: Path | None) -> Limits:
         prolog_epilog = None
     sched = tuple(p.strip().lower() for p in params.get("schedulerparameters", "").split(",") if p)
     assert message is not None
-    return Limits(message, prolog_epilog, sched, str(path))
+    interval = _seconds(params, "HealthCheckInterval", None) or None  # 0: never runs
+    return Limits(message, prolog_epilog, sched, str(path), interval)
 
 
 def plan(limits: Limits, timeout_s: float | None, budget_s: float | None) -> Plan:
@@ -142,7 +145,8 @@ def plan(limits: Limits, timeout_s: float | None, budget_s: float | None) -> Pla
     if limits.prolog_epilog_timeout_s is not None:
         prolog_limit = min(prolog_limit, limits.prolog_epilog_timeout_s)
     prolog_call = max(1.0, (prolog_limit - START_RESERVE_S) / SLURM_CALLS)
-    return Plan(chosen, call, prolog_call, budget_s, hc_max, epilog_max)
+    return Plan(chosen, call, prolog_call, budget_s, hc_max, epilog_max,
+                limits.health_check_interval_s)
 
 
 def parse_duration(text: str) -> float:

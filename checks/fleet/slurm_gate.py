@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from checks import safeio
 from checks.fleet.slurm_control import Verdict, one_line, verdict
 from checks.report import load
 from checks.supervise import procs
@@ -148,7 +149,9 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
 
 def _write_atomic(path: Path, text: str) -> None:
     """A private temporary in the same directory, fsync, rename: a reader never sees half a file
-    and a failure (ENOSPC, EROFS) leaves the old file and no temporary behind."""
+    and a failure (ENOSPC, EROFS) leaves the old file and no temporary behind. As root, never
+    into a directory another user can write (trusted_state)."""
+    trusted_state(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -184,9 +187,17 @@ def last_verdict(state_dir: Path) -> Verdict | None:
         raise StateError(f"{LAST} unreadable: {one_line(str(exc))}") from None
 
 
+def trusted_state(state_dir: Path) -> None:
+    """As root, a state directory another user can write (or own) is refused (an OSError: the
+    wrapper fails closed): a planted last.json or running.json would drain or resume this node,
+    and root's writes there could follow their symlinks (safeio.trust_problem)."""
+    safeio.refuse_untrusted(state_dir, "the Slurm state directory")
+
+
 @contextlib.contextmanager
 def state_lock(state_dir: Path, wait_s: float, create: bool = True) -> Iterator[bool]:
     """Hold state_dir/.lock (True), or False when another run holds it for longer than wait_s."""
+    trusted_state(state_dir)
     if create:
         state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / LOCK, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o600)
@@ -243,6 +254,7 @@ def killed_verdict(marker: dict[str, Any], state_dir: Path | None = None) -> Ver
 def killed_run(state_dir: Path) -> Verdict | None:
     """For the Prolog: a FAIL when the last health check was killed, None otherwise (also while
     one is still running: its lock is held, and the kept verdict stands until it ends)."""
+    trusted_state(state_dir)
     if not (state_dir / RUNNING).exists():
         return None
     if not (state_dir / LOCK).exists():
@@ -285,31 +297,72 @@ def describe_error(exc: BaseException) -> str:
 
 # -- the node_exporter textfile ---------------------------------------------------------------
 
-def publish(textfile_dir: Path, node: str, level: str, report: dict[str, Any] | None) -> None:
+INTERVAL_METRIC = "nodecert_run_interval_seconds"
+# what a run with no report rewrites; every other series of the last report is carried over
+REWRITTEN = ("nodecert_host_healthy", "nodecert_last_run_timestamp_seconds", INTERVAL_METRIC)
+CARRY_MAX = 8 << 20  # bytes of an earlier textfile read back (a node's is a few hundred kB)
+
+
+def _family(line: str) -> str:
+    """The metric family a line of the text format belongs to ('# HELP name ...', samples)."""
+    if line.startswith(("# HELP ", "# TYPE ")):
+        return line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
+def _carried(path: Path) -> str:
+    """The earlier textfile's series but those a run with no report rewrites ('' when none)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(CARRY_MAX + 1)
+    except OSError:
+        return ""
+    if len(data) > CARRY_MAX:
+        return ""
+    lines = data.decode("utf-8", "replace").splitlines()
+    kept = [line for line in lines if line.strip() and _family(line) not in REWRITTEN]
+    return "".join(f"{line}\n" for line in kept)
+
+
+def _gauge(name: str, help_text: str, labels: dict[str, str], value: float) -> str:
+    def quoted(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+    pairs = ",".join(f'{key}="{quoted(val)}"' for key, val in labels.items())
+    return f"# HELP {name} {help_text}\n# TYPE {name} gauge\n{name}{{{pairs}}} {value!r}\n"
+
+
+def publish(textfile_dir: Path, node: str, level: str, report: dict[str, Any] | None,
+            interval_s: float | None = None) -> None:
     """DIR/nodecert.prom, replaced atomically: the report through the project's renderer, or,
-    when the run left none (hang, crash), the host marked unhealthy so no old PASS stays."""
+    when the run left none (hang, crash), the host marked unhealthy with this run's time so no
+    old PASS stays, and every other series of the last report carried over (a check whose FAIL
+    alerts keeps alerting while the runs after it hang). With `interval_s` (how often the runs
+    are scheduled: HealthCheckInterval) also nodecert_run_interval_seconds, which the staleness
+    alert compares the last run's time with."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from checks import safeio
     from checks.render import prometheus
 
     path = textfile_dir / TEXTFILE
     if report is not None:
-        prometheus.write([report], path)
-        return
-    from prometheus_client import CollectorRegistry, write_to_textfile
-    from prometheus_client.core import GaugeMetricFamily
-
-    class NoReport:
-        def collect(self) -> Iterator[GaugeMetricFamily]:
-            healthy = GaugeMetricFamily(f"{prometheus.PREFIX}_host_healthy",
-                                        "1 when every check passed (PASS, WARN or SKIP), else 0.",
-                                        labels=["host", "level", "profile"])
-            healthy.add_metric([node, level, ""], 0.0)
-            last = GaugeMetricFamily(f"{prometheus.PREFIX}_last_run_timestamp_seconds",
-                                     "When the last nodecert run on this host finished (Unix time).",
-                                     labels=["host"])
-            last.add_metric([node], time.time())
-            yield from (healthy, last)
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NoReport())  # type: ignore[arg-type]
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(prometheus.ReportCollector([report]))
+        text = generate_latest(registry).decode()
+        host = str(report.get("host") or node)
+    else:
+        host = node
+        text = (_carried(path)
+                + _gauge(f"{prometheus.PREFIX}_host_healthy",
+                         "1 when every check passed (PASS, WARN or SKIP), else 0.",
+                         {"host": node, "level": level, "profile": ""}, 0.0)
+                + _gauge(f"{prometheus.PREFIX}_last_run_timestamp_seconds",
+                         "When the last nodecert run on this host finished (Unix time).",
+                         {"host": node}, time.time()))
+    if interval_s is not None:
+        text += _gauge(INTERVAL_METRIC, "How often nodecert runs on this host are scheduled "
+                       "(seconds; Slurm's HealthCheckInterval).", {"host": host}, float(interval_s))
     textfile_dir.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry)
+    # 0644: node_exporter reads the textfile directory as its own, unprivileged user.
+    safeio.write_bytes(path, text.encode(), mode=0o644)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from checks.fleet import slurm_gate
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,7 +78,11 @@ def exported(tmp_path_factory, h100_report) -> set[str]:
     two_fleet_runs(work, h100_report, work / "textfiles", work / "nodes")
     # and a fleet with a drifting GPU (six runs of history)
     prometheus.write_fleet(drift_fleet.build(h100_report, work / "drift.sqlite"), work / "drift")
-    return {line.split()[2] for d in ("textfiles", "nodes", "drift") for f in (work / d).glob("*.prom")
+    # and what the Slurm wrapper publishes itself: a run's report with the interval, a hung run
+    slurm_gate.publish(work / "gate", "node0000", "quick", h100_report, 600)
+    slurm_gate.publish(work / "hung", "node0001", "quick", None, 600)
+    return {line.split()[2] for d in ("textfiles", "nodes", "drift", "gate", "hung")
+            for f in (work / d).glob("*.prom")
             for line in f.read_text().splitlines() if line.startswith("# TYPE ")}
 
 
@@ -111,6 +116,20 @@ def test_promtool_unit_tests_catch_a_broken_rule(tmp_path) -> None:
     proc = _promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
     assert proc.returncode != 0
     assert "alertname: NodecertLemonGPU" in proc.stdout + proc.stderr
+
+
+def test_promtool_unit_tests_catch_a_staleness_rule_that_ignores_the_interval(tmp_path) -> None:
+    """The control: a host is stale after 30 intervals instead of 3 (as good as the 26 h rule
+    for a 600 s health check): the staleness unit test fails on it."""
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    broken = RULES.read_text().replace("> on(host) 3 * max by (host) (nodecert_run_interval_seconds)",
+                                       "> on(host) 30 * max by (host) (nodecert_run_interval_seconds)")
+    assert broken != RULES.read_text()
+    (tmp_path / RULES.name).write_text(broken)
+    proc = _promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "alertname: NodecertHostMetricsGone" in proc.stdout + proc.stderr
+    assert "node0103" in proc.stdout + proc.stderr
 
 
 def test_every_alert_is_unit_tested_firing() -> None:

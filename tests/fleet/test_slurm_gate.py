@@ -426,6 +426,9 @@ def test_the_health_check_publishes_its_textfile_for_node_exporter(cluster, node
         _scenario(tmp_path, "fault-xid-79")
         cluster.wait_for(lambda: healthy(exporter) == {0.0}, 120, "the fault in the textfile")
         assert "nodecert_checks" in exporter.scrape()
+        # slurm.conf's HealthCheckInterval=2, for the staleness alert
+        assert {value for name, _labels, value in samples(exporter.scrape())
+                if name == "nodecert_run_interval_seconds"} == {2.0}
     assert [p.name for p in textfiles.iterdir()] == ["nodecert.prom"]  # no temporary left
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 60, "the drain")
 

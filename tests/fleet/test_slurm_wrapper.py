@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,58 @@ def test_a_killed_run_names_the_check_it_was_in(tmp_path) -> None:
         "2026-12-04T10:00:00+0000)")
     assert slurm_gate.killed_verdict(marker).summary.startswith(
         "nodecert-run (health-check) was killed before it finished (started ")
+
+
+def test_a_hung_run_keeps_the_last_reports_series_and_the_interval(tmp_path, h100_report) -> None:
+    """A run with no report (hang, crash) publishes healthy 0 with its own time and carries the
+    last report's other series over: a FAIL that alerted keeps alerting (NodecertCheckFailed does
+    not resolve because the next run hung). The interval is published on both paths."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from checks.devtools import synthetic
+    from checks.devtools.synthetic import Broken
+    from checks.fleet import slurm_gate
+
+    [report] = synthetic.build(1, base=h100_report, broken=[
+        Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")])
+    textfiles = tmp_path / "textfiles"
+    slurm_gate.publish(textfiles, "gpu07", "quick", report, 600)
+    prom = textfiles / "nodecert.prom"
+    before = samples(prom.read_text())
+
+    def failed(found: set) -> set:
+        return {(n, labels) for n, labels, v in found
+                if n == "nodecert_check_status" and ("status", "FAIL") in labels and v == 1}
+
+    assert failed(before) and ("nodecert_run_interval_seconds", frozenset({("host", "node0000")}),
+                               600.0) in before
+    slurm_gate.publish(textfiles, "gpu07", "quick", None, 600)
+    text = prom.read_text()
+    after = samples(text)
+    assert failed(after) == failed(before)
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names))  # one block per family: a valid textfile
+    healthy = [(labels, v) for n, labels, v in after if n == "nodecert_host_healthy"]
+    assert healthy == [(frozenset({("host", "gpu07"), ("level", "quick"), ("profile", "")}), 0.0)]
+    [stamp] = [v for n, _, v in after if n == "nodecert_last_run_timestamp_seconds"]
+    assert abs(stamp - time.time()) < 60
+    assert ("nodecert_run_interval_seconds", frozenset({("host", "gpu07")}), 600.0) in after
+    assert oct(prom.stat().st_mode & 0o777) == "0o644"
+    slurm_gate.publish(textfiles, "gpu07", "quick", None)  # hung again, no interval given
+    assert "nodecert_run_interval_seconds" not in prom.read_text()
+    assert failed(samples(prom.read_text())) == failed(before)
+
+
+def test_scripts_pass_slurm_confs_health_check_interval_to_the_textfile(tmp_path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("HealthCheckInterval=600\nMessageTimeout=10\n")
+    assert slurm.main(["scripts", str(tmp_path / "w"), "--slurm-conf", str(conf),
+                       "--textfile-dir", str(tmp_path / "tf")]) == 0
+    for name in ("nodecert-healthcheck", "nodecert-epilog"):
+        assert " --interval 600" in (tmp_path / "w" / name).read_text()
+    assert "--interval" not in (tmp_path / "w" / "nodecert-prolog").read_text()
+    conf.write_text("HealthCheckInterval=0\n")  # Slurm's default: no periodic health check
+    assert slurm.main(["scripts", str(tmp_path / "w"), "--slurm-conf", str(conf),
+                       "--textfile-dir", str(tmp_path / "tf")]) == 0
+    assert "--interval" not in (tmp_path / "w" / "nodecert-healthcheck").read_text()
+    assert slurm.main(["health-check", "--node", "n1", "--interval", "0"]) == 2
