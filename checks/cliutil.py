@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
+from checks import safeio
+
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
     """Parsed arguments, or the exit status when argparse has already answered (--help: 0, a
@@ -71,10 +73,14 @@ def output_file(text: str) -> str:
         return text
     try:
         info = os.lstat(text)
+    except FileNotFoundError:
+        safeio.remember(text)  # absent: created, unless another run creates it first
+        return text
     except OSError:
-        return text  # absent (created) or unreachable: the write says why
+        return text  # unreachable: the write says why
     if stat.S_ISLNK(info.st_mode):
         raise argparse.ArgumentTypeError(f"a symlink; only regular files are replaced: {text!r}")
     if not stat.S_ISREG(info.st_mode):
         raise argparse.ArgumentTypeError(f"not a regular file; only regular files are replaced: {text!r}")
+    safeio.remember(text)  # another run's file there, written while this one runs, is not replaced
     return text

@@ -228,6 +228,8 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     directory = Path(args.directory)
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
+    # as root, never read (nor merge the cross-host stage into) reports another user could plant
+    safeio.refuse_untrusted(directory, "the reports directory")
     if args.lemon_failures < 1 or args.lemon_runs < args.lemon_failures:
         raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
     if args.prometheus_host_files and not args.prometheus_dir:

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from checks import safeio
 from checks.model import Status
 from checks.report.aggregate import Fleet
 from checks.report.findings import Lemon
@@ -193,6 +194,9 @@ def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        # As root, a history another user can write (or plant beside: SQLite's -wal file) is
+        # refused: planted failures would make a healthy host's GPUs lemons (safeio.trust_problem).
+        safeio.refuse_untrusted(self.path, "the history database")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are begun explicitly (BEGIN IMMEDIATE) below.
         self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
