@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checks.devtools import synthetic
-from checks.report import aggregate, load
+from checks.report import aggregate, figures, load, summary
 
 GOAL_S = 2.0
 SCALE_GOAL = (10_000, 5.0, 500.0)  # hosts, wall s, peak RSS MB
@@ -146,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         with load.gc_paused():
             parse_nogc = best_of(args.repeat, lambda: [json.loads(b) for b in blobs])
         rows = [("json.loads, collector on", parse), ("json.loads, collector paused", parse_nogc)]
+        with load.gc_paused():
+            rows.append(("load.parse_json (orjson fast path, json's hooks)" if load._orjson else
+                         "load.parse_json (json with its hooks: orjson not installed)",
+                         best_of(args.repeat, lambda: [load.parse_json(b) for b in blobs])))
+            pairs = list(zip(docs, blobs, strict=True))
+            rows.append(("text_problem (depth, surrogates, on the bytes)",
+                         best_of(args.repeat, lambda: [load.text_problem(d, b) for d, b in pairs])))
         try:
             fast = load.validator("rs")
             rows.append(("validate (jsonschema-rs)", best_of(args.repeat, lambda: [fast(d) for d in docs])))
@@ -156,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         wall, cpu = best_of(1, lambda: [slow(d) for d in sample])
         scale = len(docs) / len(sample)
         rows.append((f"validate (jsonschema, {len(sample)} extrapolated)", (wall * scale, cpu * scale)))
-        found = load.read_dir(directory)
         with load.gc_paused():
-            rows.append(("compute (figures, medians, stragglers)",
+            rows.append(("summary.compact + figures.extract (what the fleet keeps)",
+                         best_of(args.repeat, lambda: [(summary.Compactor().compact(d),
+                                                        list(figures.extract("h", d))) for d in docs])))
+        found = aggregate.read(directory)
+        with load.gc_paused():
+            rows.append(("compute (medians, stragglers, digests) from summaries",
                          best_of(args.repeat, lambda: aggregate.aggregate(found))))
         total = best_of(args.repeat, lambda: aggregate.load(directory))
         rows.append(("aggregate.load total (load + validate + compute)", total))

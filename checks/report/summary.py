@@ -13,7 +13,8 @@ its figures and curves extracted, and then reduced by `compact` to a summary of 
 - nothing of a result that WARNed, FAILed or ERRORed, nor of the checks whose details the NVL72
   domain reads.
 
-Identical strings are kept once across the fleet (check ids, titles, messages, units), and one
+Identical strings are kept once across the fleet (check ids, titles, messages, units; a list of
+strings, a check's tags, becomes one shared tuple), and one
 device mapping per GPU is shared by all its results in the host's summary: a summary is read,
 never written to.
 """
@@ -42,9 +43,16 @@ class Compactor:
 
     def __init__(self) -> None:
         self._strings: dict[str, str] = {}
+        self._lists: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def _text(self, value: Any) -> Any:
         return self._strings.setdefault(value, value) if type(value) is str else value
+
+    def _tags(self, value: Any) -> Any:
+        if type(value) is list and all(type(v) is str for v in value):
+            key = tuple(value)
+            return self._lists.setdefault(key, key)
+        return value
 
     def compact(self, report: dict[str, Any]) -> dict[str, Any]:
         """The summary of a report that passed the loader's checks (schema-valid)."""
@@ -55,7 +63,7 @@ class Compactor:
             out["system"] = {k: text(v) for k, v in system.items() if not isinstance(v, dict | list)}
         devices: dict[Any, Any] = {}
         out["checks"] = [
-            {**{k: text(v) for k, v in chk.items() if k != "results"},
+            {**{k: text(v) if k != "tags" else self._tags(v) for k, v in chk.items() if k != "results"},
              "results": (chk.get("results", []) if chk.get("id") in WHOLE_CHECKS
                          else [self._result(r, devices) for r in chk.get("results", [])])}
             for chk in report.get("checks", [])]
