@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m checks.fleet",
         description="Fleet report over the per-host JSON reports of one verify run.",
         epilog="Exit status: 0 all hosts PASS/WARN, 1 any host FAIL, ERROR (unreadable report) or "
-               "MISSING, 2 bad usage. Docs: docs/fleet.md.")
+               "MISSING, 2 bad usage. Repair the run history (forget or quarantine a run): "
+               "python -m checks.fleet history --help. Docs: docs/fleet.md.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("report", help="aggregate reports/<run-id>/*.json",
                        description="Aggregate reports/<run-id>/<host>.json: who failed what, "
@@ -249,6 +250,12 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
         db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
         with history.History(db) as store:
             fleet = _with_history(fleet, store, found, directory, expected, errors, args)
+            events = store.config_events(args.lemon_runs)
+        for run, check, failed, gpus in [] if args.quiet else events:
+            err.print(f"note: run {run}: {check} failed on {failed} of {gpus} GPUs: a configuration "
+                      "event (at least half the fleet's GPUs), not counted toward lemons "
+                      "(python -m checks.fleet history list)", highlight=False, markup=False,
+                      soft_wrap=True)
     outputs = _write_outputs(fleet, args, outside if args.inventory else None)
     if not args.quiet:
         if args.format == "compact":

@@ -27,7 +27,10 @@ killed with SIGKILL leaves its transaction uncommitted in the WAL, which the nex
 rolls back: the run is either wholly there or absent.
 
 A lemon is a GPU, followed by UUID wherever it moved, that had a FAIL or ERROR result (a
-straggler FAIL included) in at least N of the last M runs recorded (default 2 of 5).
+straggler FAIL included) in at least N of the last M runs recorded (default 2 of 5). Left out:
+the failures of a configuration event (one check failing on at least half of a run's GPUs:
+CONFIG_EVENT_FRACTION) and whatever an operator quarantined (checks.fleet.history_repair, which
+also forgets runs).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -90,6 +94,13 @@ CREATE TABLE IF NOT EXISTS hosts (
     started_at    TEXT NOT NULL,
     finished_at   REAL            -- Unix time, NULL without a readable start time
 );
+CREATE TABLE IF NOT EXISTS quarantine (
+    run_id   TEXT NOT NULL,
+    host     TEXT,            -- NULL: every host of the run
+    gpu_uuid TEXT,            -- NULL: every GPU (of that host)
+    reason   TEXT NOT NULL,
+    at       TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS hosts_by_run ON hosts(run_id);
 CREATE INDEX IF NOT EXISTS hosts_by_report ON hosts(host, report_run_id, started_at);
 CREATE INDEX IF NOT EXISTS gpus_by_uuid ON gpus(gpu_uuid);
@@ -100,12 +111,36 @@ CREATE INDEX IF NOT EXISTS figures_by_run ON figures(run_id);
 CREATE INDEX IF NOT EXISTS figures_by_check ON figures(check_id, name);
 """
 
+# A row quarantined (checks.fleet.history_repair) counts for neither lemons nor baselines.
+NOT_QUARANTINED = """NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.run_id = {t}.run_id
+    AND (q.host IS NULL OR q.host = {t}.host)
+    AND (q.gpu_uuid IS NULL OR q.gpu_uuid = {t}.gpu_uuid))"""
+# A configuration event: in one run, one check failed (FAIL or ERROR) on at least
+# CONFIG_EVENT_FRACTION of the GPUs that run saw, and on at least CONFIG_EVENT_MIN_GPUS of them.
+# GPUs do not break together: a wrong expectation pushed everywhere, a driver or firmware
+# rollout, a broken shared filesystem do. Its failures count toward no GPU's lemon.
+CONFIG_EVENT_FRACTION = 0.5
+CONFIG_EVENT_MIN_GPUS = 2
+CONFIG_EVENTS = """
+run_gpus AS (SELECT g.run_id, COUNT(DISTINCT g.gpu_uuid) AS gpus
+             FROM gpus g JOIN recent USING (run_id) GROUP BY g.run_id),
+mass AS (
+    SELECT r.run_id, r.check_id, COUNT(DISTINCT r.gpu_uuid) AS failed, run_gpus.gpus
+    FROM results r JOIN run_gpus USING (run_id)
+    WHERE r.gpu_uuid IS NOT NULL AND r.status IN ('FAIL', 'ERROR') AND """ + \
+    NOT_QUARANTINED.format(t="r") + """
+    GROUP BY r.run_id, r.check_id
+    HAVING failed >= :min_gpus AND failed >= :fraction * run_gpus.gpus
+)"""
+
 LEMONS = """
-WITH recent AS (SELECT run_id, seq FROM runs ORDER BY seq DESC LIMIT :runs),
+WITH recent AS (SELECT run_id, seq FROM runs ORDER BY seq DESC LIMIT :runs),""" + CONFIG_EVENTS + """,
 bad AS (
     SELECT r.gpu_uuid, r.run_id, r.host, r.check_id, recent.seq
     FROM results r JOIN recent USING (run_id)
-    WHERE r.gpu_uuid IS NOT NULL AND r.status IN ('FAIL', 'ERROR')
+    WHERE r.gpu_uuid IS NOT NULL AND r.status IN ('FAIL', 'ERROR') AND """ + \
+    NOT_QUARANTINED.format(t="r") + """
+      AND NOT EXISTS (SELECT 1 FROM mass m WHERE m.run_id = r.run_id AND m.check_id = r.check_id)
 ),
 lemon AS (
     SELECT gpu_uuid, COUNT(DISTINCT run_id) AS failed_runs, group_concat(DISTINCT host) AS hosts,
@@ -119,6 +154,11 @@ SELECT lemon.gpu_uuid, failed_runs,
 FROM lemon JOIN runs ON runs.seq = lemon.last_seq
 ORDER BY failed_runs DESC, lemon.gpu_uuid
 """
+
+
+def _series_key(key: Any, check_id: Any, name: Any) -> SeriesKey:
+    return (_text(key, "figures.gpu_uuid"), _text(check_id, "figures.check_id"),
+            _text(name, "figures.name"))
 
 
 ReportId = tuple[str, str, str]  # (host, the report's own run id or "", its start time)
@@ -191,6 +231,34 @@ def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
                           odd.gpu.index if odd.gpu else None, odd.status, odd.message)
 
 
+class HistoryError(sqlite3.DatabaseError):
+    """The history holds a value nodecert never writes there (a database written by something
+    else, or edited): one line; the fleet CLI prints it as a history database error, exit 2."""
+
+
+def _bad(value: Any, where: str, kind: str) -> HistoryError:
+    return HistoryError(f"{where} holds {value!r:.60}, not {kind}: not a history as nodecert writes it")
+
+
+def _text(value: Any, where: str) -> str:
+    """A TEXT cell read back: SQLite keeps whatever type was stored in any column."""
+    if isinstance(value, str):
+        return value
+    raise _bad(value, where, "text")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    raise _bad(value, where, "a finite number")
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise _bad(value, where, "a count")
+
+
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -241,7 +309,7 @@ class History:
         same = self.db.execute("SELECT run_id FROM runs WHERE fingerprint = ? ORDER BY seq DESC",
                                (print_,)).fetchone()
         if same:
-            return str(same[0])
+            return _text(same[0], "runs.run_id")
         taken = self.db.execute("SELECT fingerprint FROM runs WHERE run_id = ?", (base,)).fetchone()
         if taken is None or taken[0] is None:  # new, or recorded before fingerprints: replace
             return base
@@ -263,7 +331,7 @@ class History:
                 "h.report_run_id = ? AND h.started_at = ? AND h.run_id != ? ORDER BY r.seq LIMIT 1",
                 (host, report_run, started, run_id)).fetchone()
             if row:
-                out[host] = str(row[0])
+                out[host] = _text(row[0], "hosts.run_id")
         return out
 
     def recent_hosts(self, runs: int, before: str | None = None) -> dict[str, str]:
@@ -274,7 +342,8 @@ class History:
         query = (f"WITH recent AS (SELECT run_id, seq FROM runs {where} ORDER BY seq DESC LIMIT ?) "
                  "SELECT h.host, h.run_id FROM hosts h JOIN recent USING (run_id) ORDER BY recent.seq")
         params = [*([before] if before is not None else []), runs]
-        return {host: str(run) for host, run in self.db.execute(query, params)}
+        return {_text(host, "hosts.host"): _text(run, "hosts.run_id")
+                for host, run in self.db.execute(query, params)}
 
     def last_reports(self, hosts: Iterable[str]) -> dict[str, float]:
         """Host → when its newest recorded report finished (Unix time), for hosts with one."""
@@ -282,7 +351,7 @@ class History:
         for host in hosts:
             row = self.db.execute("SELECT MAX(finished_at) FROM hosts WHERE host = ?", (host,)).fetchone()
             if row and row[0] is not None:
-                out[host] = float(row[0])
+                out[host] = _number(row[0], "hosts.finished_at")
         return out
 
     def record(self, fleet: Fleet, run_id: str | None = None, *, reports_of: Fleet | None = None) -> str:
@@ -309,14 +378,30 @@ class History:
     def runs(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT run_id FROM runs ORDER BY seq")]
 
-    def lemons(self, failures: int = DEFAULT_FAILURES, runs: int = DEFAULT_RUNS) -> list[Lemon]:
-        """GPUs that failed in at least `failures` of the last `runs` runs."""
+    def lemons(self, failures: int = DEFAULT_FAILURES, runs: int = DEFAULT_RUNS,
+               config_fraction: float = CONFIG_EVENT_FRACTION) -> list[Lemon]:
+        """GPUs that failed in at least `failures` of the last `runs` runs, leaving out
+        quarantined rows and the failures of configuration events (config_events)."""
         out = []
         for uuid, failed, seen, hosts, checks, last in self.db.execute(
-                LEMONS, {"runs": runs, "failures": failures}):
-            out.append(Lemon(uuid, failed, seen, runs, tuple(sorted(hosts.split(","))),
-                             tuple(sorted(checks.split(","))), last))
+                LEMONS, {"runs": runs, "failures": failures, "fraction": config_fraction,
+                         "min_gpus": CONFIG_EVENT_MIN_GPUS}):
+            out.append(Lemon(_text(uuid, "results.gpu_uuid"), _count(failed, "failed runs"),
+                             _count(seen, "gpus runs"), runs,
+                             tuple(sorted(_text(hosts, "results.host").split(","))),
+                             tuple(sorted(_text(checks, "results.check_id").split(","))),
+                             _text(last, "runs.run_id")))
         return out
+
+    def config_events(self, runs: int = DEFAULT_RUNS, config_fraction: float = CONFIG_EVENT_FRACTION
+                      ) -> list[tuple[str, str, int, int]]:
+        """(run id, check, GPUs that failed it, GPUs in that run) for each configuration event of
+        the last `runs` runs, oldest first: what lemons() leaves out."""
+        query = ("WITH recent AS (SELECT run_id, seq FROM runs ORDER BY seq DESC LIMIT :runs),"
+                 + CONFIG_EVENTS + " SELECT m.run_id, m.check_id, m.failed, m.gpus FROM mass m "
+                 "JOIN recent USING (run_id) ORDER BY recent.seq, m.check_id")
+        params = {"runs": runs, "fraction": config_fraction, "min_gpus": CONFIG_EVENT_MIN_GPUS}
+        return [(str(r), str(c), int(f), int(g)) for r, c, f, g in self.db.execute(query, params)]
 
     def figure_series(self, checks: Iterable[str], *, before: str | None = None,
                       window: int = 20) -> dict[SeriesKey, list[tuple[str, float]]]:
@@ -332,11 +417,13 @@ class History:
         query = (f"WITH recent AS (SELECT run_id, seq FROM runs {where} ORDER BY seq DESC LIMIT ?) "
                  "SELECT COALESCE(f.gpu_uuid, 'host:' || f.host), f.check_id, f.name, f.run_id, "
                  "f.value FROM figures f JOIN recent USING (run_id) "
-                 f"WHERE f.check_id IN ({marks}) ORDER BY recent.seq")
+                 f"WHERE f.check_id IN ({marks}) AND {NOT_QUARANTINED.format(t='f')} "
+                 "ORDER BY recent.seq")
         params = [*([before] if before is not None else []), window, *checks]
         out: dict[SeriesKey, list[tuple[str, float]]] = {}
         for key, check_id, name, run_id, value in self.db.execute(query, params):
-            out.setdefault((key, check_id, name), []).append((run_id, float(value)))
+            out.setdefault(_series_key(key, check_id, name), []).append(
+                (_text(run_id, "figures.run_id"), _number(value, "figures.value")))
         return out
 
     def first_figures(self, checks: Iterable[str], *, before: str | None = None
@@ -351,9 +438,11 @@ class History:
                   if before is not None else "")
         query = ("SELECT COALESCE(f.gpu_uuid, 'host:' || f.host), f.check_id, f.name, f.run_id, "
                  "f.value FROM figures f JOIN runs r USING (run_id) "
-                 f"WHERE f.check_id IN ({marks}) {cutoff} ORDER BY r.seq DESC")
+                 f"WHERE f.check_id IN ({marks}) {cutoff} AND {NOT_QUARANTINED.format(t='f')} "
+                 "ORDER BY r.seq DESC")
         params = [*checks, *([before] if before is not None else [])]
         out: dict[SeriesKey, tuple[str, float]] = {}
         for key, check_id, name, run_id, value in self.db.execute(query, params):
-            out[(key, check_id, name)] = (run_id, float(value))  # the oldest one is written last
+            out[_series_key(key, check_id, name)] = (  # the oldest one is written last
+                _text(run_id, "figures.run_id"), _number(value, "figures.value"))
         return out
