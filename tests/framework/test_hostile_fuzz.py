@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checks.devtools import synthetic
@@ -220,3 +220,94 @@ def test_fuzz_crosshost_files(which: str, pick: int, value: Any) -> None:
         assert "Traceback" not in err and code in (0, 1), err
         hosts = {h["host"] for h in json.loads(out.read_text())["hosts"]}
         assert hosts == {"node0000", "node0001", "node0002"}
+
+
+HISTORY_CELLS = {  # table: columns a value may be replaced in (every column of the schema)
+    "runs": ["run_id", "recorded_at", "fingerprint", "seq"],
+    "gpus": ["run_id", "host", "gpu_uuid", "gpu_index", "status"],
+    "results": ["run_id", "host", "check_id", "gpu_uuid", "gpu_index", "status", "message"],
+    "figures": ["run_id", "host", "check_id", "gpu_uuid", "name", "value"],
+    "hosts": ["run_id", "host", "report_run_id", "started_at", "finished_at"],
+}
+sql_values = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1),
+                       st.floats(allow_nan=True, allow_infinity=True), text, st.binary(max_size=16))
+_HISTORY: dict[str, bytes] = {}
+
+
+def _history_bytes() -> bytes:
+    """A history of two runs of the synthetic fleet, node0001's GPU 5 failing in the second."""
+    if not _HISTORY:
+        from checks.devtools.synthetic import Broken
+        from checks.fleet import history
+        from checks.report import aggregate
+
+        base = synthetic.base_report("h100-sxm-8x-healthy")
+        ecc = Broken("node0001", "ecc-errors", gpu=5, message="GPU5: uncorrectable ECC")
+        with tempfile.TemporaryDirectory() as tmp:
+            db = Path(tmp) / "history.sqlite"
+            for run_id, broken in (("h1", []), ("h2", [ecc])):
+                docs = synthetic.build(3, base=base, run_id=run_id, broken=broken)
+                with history.History(db) as store:
+                    store.record(aggregate.from_reports(docs, run_id=run_id), run_id)
+            import sqlite3
+
+            con = sqlite3.connect(db)
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            con.execute("PRAGMA journal_mode = DELETE")
+            con.close()
+            _HISTORY["db"] = db.read_bytes()
+    return _HISTORY["db"]
+
+
+@FUZZ
+@given(table=st.sampled_from(sorted(HISTORY_CELLS)), pick=st.integers(0, 10**6),
+       column_pick=st.integers(0, 10**6), value=sql_values, insert=st.booleans())
+# what broke the old reader: a figure that is text, a lemon's host that is no text, a finish time
+# that is text, an infinite figure
+@example(table="figures", pick=0, column_pick=5, value="abc", insert=False)
+@example(table="results", pick=0, column_pick=1, value=None, insert=True)
+@example(table="results", pick=0, column_pick=1, value=7, insert=True)
+@example(table="hosts", pick=0, column_pick=4, value="yesterday", insert=False)
+@example(table="figures", pick=3, column_pick=5, value=float("inf"), insert=False)
+def test_fuzz_history(table: str, pick: int, column_pick: int, value: Any, insert: bool) -> None:
+    """One value of the run history replaced, or a row added with it (a history written by
+    something else, or edited): the fleet is reported (exit 0 or 1) or refused with one line
+    (exit 2); never a traceback, and fleet.json stays strict JSON."""
+    import sqlite3
+
+    columns = HISTORY_CELLS[table]
+    column = columns[column_pick % len(columns)]
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    with tempfile.TemporaryDirectory() as tmp:
+        reports = Path(tmp) / "reports"
+        run = reports / "h3"
+        run.mkdir(parents=True)
+        for doc in _reports():
+            (run / f"{doc['host']}.json").write_text(json.dumps(doc))
+        db = reports / "history.sqlite"
+        db.write_bytes(_history_bytes())
+        con = sqlite3.connect(db)
+        rowids = [r[0] for r in con.execute(f"SELECT rowid FROM {table}")]
+        if insert or not rowids:
+            existing = con.execute(f"SELECT {', '.join(columns)} FROM {table} "
+                                   "ORDER BY rowid DESC LIMIT 1").fetchone()
+            row = dict(zip(columns, existing or [None] * len(columns), strict=True))
+            row[column] = value
+            if table == "runs":
+                row.pop("seq")
+            with contextlib.suppress(sqlite3.Error):
+                con.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                            list(row.values()))
+        else:
+            with contextlib.suppress(sqlite3.Error):
+                con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
+                            (value, rowids[pick % len(rowids)]))
+        con.commit()
+        con.close()
+        out = Path(tmp) / "fleet.json"
+        code, err = _quiet(lambda: fleet_main(["report", str(run), "--history", str(db), "-q",
+                                               "--json", str(out)]))
+        _judge(code, err)
+        if code in (0, 1):
+            json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in fleet.json"))
