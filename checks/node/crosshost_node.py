@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import itertools
 import json
+import math
 import socket
 import sys
 import time
@@ -68,10 +70,49 @@ def _platform(hw: Backend | None = None) -> tuple[bool, int]:
     return gpus > 0, gpus
 
 
-def _rank_view(ranks: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """What the controller needs to compare nodes: per global rank, progress and fate."""
-    return {str(r): {k: v.get(k) for k in ("state", "phase", "seq", "exitcode", "error", "host")}
-            for r, v in ranks.items()}
+# What the rank processes and the launcher hand back (heartbeat files, result files, the log
+# tail) is read like a report (checks/report/load.py): bounded and typed, so a rank that wrote
+# nonsense, or a huge or hostile text, costs one field, never the stage or the node report.
+MAX_RANKS = 4096  # global ranks recorded per stage (a 512-node, 8-GPU group)
+MAX_TEXT = 500  # characters kept of one text field of a rank
+MAX_LOG_TAIL = 64 << 10  # characters of the launcher's log searched for the rendezvous error
+_TEXT_FIELDS = ("state", "phase", "error", "host")
+_INT_FIELDS = ("seq", "exitcode")
+
+
+def _short(value: Any) -> str | None:
+    """A text field as one bounded printable line (controls and bidirectional marks escaped), or
+    None when it is not text."""
+    if not isinstance(value, str):
+        return None
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value[:MAX_TEXT])
+
+
+def _small_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63 else None
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
+def _rank_view(ranks: Any) -> dict[str, dict[str, Any]]:
+    """What the controller needs to compare nodes: per global rank, progress and fate. At most
+    MAX_RANKS ranks; each field of its type or None; a rank that is not a mapping is recorded
+    as unreadable."""
+    if not isinstance(ranks, dict):
+        return {}
+    view: dict[str, dict[str, Any]] = {}
+    for r, v in itertools.islice(ranks.items(), MAX_RANKS):
+        key = _short(str(r)) or "?"
+        if not isinstance(v, dict):
+            view[key] = {**dict.fromkeys((*_TEXT_FIELDS, *_INT_FIELDS)), "state": "unreadable"}
+            continue
+        view[key] = {**{k: _short(v.get(k)) for k in _TEXT_FIELDS},
+                     **{k: _small_int(v.get(k)) for k in _INT_FIELDS}}
+    return view
 
 
 def rendezvous_view(log_tail: str, endpoint: str) -> str:
@@ -82,7 +123,8 @@ def rendezvous_view(log_tail: str, endpoint: str) -> str:
     host, _, port = endpoint.rpartition(":")
     marks = (f"failed to connect to any network address of ({host}, {port})",
              f"failed to connect/validate to host {host}:{port}")
-    return "unreachable" if any(m in (log_tail or "") for m in marks) else "reached"
+    tail = log_tail[-MAX_LOG_TAIL:] if isinstance(log_tail, str) else ""
+    return "unreachable" if any(m in tail for m in marks) else "reached"
 
 
 def address_view(endpoint: str, ifname: str | None, hw: Backend | None = None) -> dict[str, Any]:
@@ -138,7 +180,8 @@ def collective_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Resu
                                                        args.rdzv_endpoint)
         result.details["address"] = address_view(args.rdzv_endpoint, args.ifname)
     if m.get("ok") and "figures" in result.details:
-        peak = result.details["figures"].get("allreduce_busbw_gbs")
+        figures = result.details["figures"]
+        peak = _finite(figures.get("allreduce_busbw_gbs")) if isinstance(figures, dict) else None
         result.details["figures"] = {"xhost_allreduce_busbw_gbs": peak} if peak is not None else {}
     return result
 
@@ -202,18 +245,20 @@ def ddp_stage(args: argparse.Namespace, on_gpu: bool, nproc: int) -> Result:
                             rdzv_id=f"{args.rdzv_id}-ddp", local_addr=args.local_addr,
                             timeout_s=args.timeout, stall_s=args.stall,
                             start_timeout_s=args.join_timeout, env=_socket_env(args))
-    details = dict(job.details or {})
-    if job.figures:
-        details["figures"] = {f"xhost_{k}": v for k, v in job.figures.items()}
+    details = dict(job.details) if isinstance(job.details, dict) else {}
+    if isinstance(job.figures, dict) and job.figures:
+        details["figures"] = {f"xhost_{_short(k)}": _finite(v) for k, v in job.figures.items()
+                              if isinstance(k, str) and _finite(v) is not None}
     status = {"PASS": Status.PASS, "FAIL": Status.FAIL, "SKIP": Status.SKIP}.get(job.status,
                                                                                 Status.ERROR)
     if status is not Status.PASS and status is not Status.SKIP:
         details["rendezvous"] = rendezvous_view(str(details.get("log_tail") or ""),
                                                 args.rdzv_endpoint)
         details["address"] = address_view(args.rdzv_endpoint, args.ifname)
-    phases = details.get("phases") or {}
-    if phases:
-        details["ranks"] = {str(r): {"phase": p} for r, p in phases.items()}
+    phases = details.get("phases")
+    if isinstance(phases, dict) and phases:
+        details["ranks"] = {_short(str(r)) or "?": {"phase": _short(p)}
+                            for r, p in itertools.islice(phases.items(), MAX_RANKS)}
     return Result(status, f"ddp across {args.nnodes} hosts: {job.message}", details=details,
                   remedy=None if status is Status.PASS else
                   "compare with the xhost-collective result and the other hosts' reports; "
@@ -339,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--stall", type=float, default=60.0, help="no progress for this long = hang")
     n.add_argument("--join-timeout", type=float, default=120.0,
                    help="seconds to wait for every host to join")
-    n.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
+    n.add_argument("--json", type=cliutil.output_file, metavar="FILE",
+                   help="write the report here (default: stdout)")
     return p
 
 
