@@ -336,11 +336,16 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Recurs
 
 def _read_json(path: Path) -> Any:
     """The JSON at `path` through the report loader's bounded reader (a FIFO or device is never
-    waited on, the size is capped, a 4 000-digit integer or a key named twice refused); raises
-    OSError or ValueError."""
+    waited on, the size is capped, a 4 000-digit integer or a key named twice refused), its
+    control and bidirectional characters escaped (load.cleaned: a node's message reaches the
+    terminal through the analysis); raises OSError or ValueError."""
     from checks.report import load
 
-    return load.parse_json(load.read_regular(path))
+    raw = load.read_regular(path)
+    try:
+        return load.cleaned(load.parse_json(raw), raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def _node_report_ok(doc: Any) -> bool:

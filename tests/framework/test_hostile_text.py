@@ -154,3 +154,22 @@ def test_a_report_from_a_host_outside_the_inventory_is_named_not_counted(tmp_pat
     assert main(["report", str(run), "--no-history", "-q", "--expect-hosts", "node0000",
                  "--json", str(out)]) == 1
     assert "outside_inventory" not in json.loads(out.read_text())
+
+
+def test_a_cross_host_message_reaches_the_terminal_escaped(tmp_path, reports, capsys) -> None:
+    """A node's cross-host result message is printed in the group's line (culprit and reason):
+    read through the same sanitising as the host reports."""
+    run = _write(tmp_path / "run", reports[:2])
+    (run / "crosshost" / "g0").mkdir(parents=True)
+    (run / "crosshost" / "plan.json").write_text(json.dumps(
+        {"mode": "all", "busbw_rule": {"floor_gbs": 1.0, "pct": 10},
+         "rounds": [[{"id": "g0", "hosts": ["node0000", "node0001"], "rail": None}]]}))
+    for host, status in (("node0000", "FAIL"), ("node0001", "PASS")):
+        result = {"status": status, "message": HOSTILE if status == "FAIL" else "ok",
+                  "details": {"group": "g0"}}
+        (run / "crosshost" / "g0" / f"{host}.json").write_text(json.dumps(
+            {"checks": [{"id": "xhost-collective", "code": "XHOST001", "results": [result]}]}))
+    assert main(["report", str(run), "--no-history", "-v"]) == 1
+    out = capsys.readouterr().out
+    assert "culprit node0000" in out and "evil\\u202e" in out
+    assert not _raw_in(out.encode())
