@@ -461,6 +461,10 @@ def _scripts(args: argparse.Namespace) -> int:
               "Slurm's defaults, and the wrappers' sinfo/scontrol calls need the slurm.conf slurmd "
               "runs with (set SLURM_CONF, or --slurm-conf FILE for the deadlines; configless "
               "slurmd: its cached copy)")
+    if args.textfile_dir and not plan.interval_s:
+        print("note: slurm.conf sets no HealthCheckInterval: the wrappers publish no "
+              "nodecert_run_interval_seconds, so only the 26 h rule (NodecertReportsStopped) "
+              "notices runs that stop")
     if shutil.which("scontrol") is None:
         print("note: scontrol is not on PATH here: the wrappers name /usr/bin/scontrol, which "
               "they need to drain the node when a run fails without acting")

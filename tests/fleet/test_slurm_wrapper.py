@@ -266,7 +266,7 @@ def test_a_hung_run_keeps_the_last_reports_series_and_the_interval(tmp_path, h10
     assert failed(samples(prom.read_text())) == failed(before)
 
 
-def test_scripts_pass_slurm_confs_health_check_interval_to_the_textfile(tmp_path) -> None:
+def test_scripts_pass_slurm_confs_health_check_interval_to_the_textfile(tmp_path, capsys) -> None:
     conf = tmp_path / "slurm.conf"
     conf.write_text("HealthCheckInterval=600\nMessageTimeout=10\n")
     assert slurm.main(["scripts", str(tmp_path / "w"), "--slurm-conf", str(conf),
@@ -274,8 +274,10 @@ def test_scripts_pass_slurm_confs_health_check_interval_to_the_textfile(tmp_path
     for name in ("nodecert-healthcheck", "nodecert-epilog"):
         assert " --interval 600" in (tmp_path / "w" / name).read_text()
     assert "--interval" not in (tmp_path / "w" / "nodecert-prolog").read_text()
+    assert "no HealthCheckInterval" not in capsys.readouterr().out
     conf.write_text("HealthCheckInterval=0\n")  # Slurm's default: no periodic health check
     assert slurm.main(["scripts", str(tmp_path / "w"), "--slurm-conf", str(conf),
                        "--textfile-dir", str(tmp_path / "tf")]) == 0
     assert "--interval" not in (tmp_path / "w" / "nodecert-healthcheck").read_text()
+    assert "note: slurm.conf sets no HealthCheckInterval: " in capsys.readouterr().out
     assert slurm.main(["health-check", "--node", "n1", "--interval", "0"]) == 2
