@@ -23,6 +23,7 @@ from pathlib import Path
 
 from checks.supervise.launch import LaunchOutcome, Prepared, launch, prepare
 from trainer.config import TrainConfig
+from trainer.gpumode import exclusive_process
 from trainer.jobs import ORDER, modules
 from trainer.placement import choose_nproc
 from trainer.report import FAIL, JobReport
@@ -187,7 +188,9 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
     launcher, started earlier.
     """
     cfg.validate()
-    nproc, _ = choose_nproc(nproc, cfg.device, cuda_count(), share_gpu)
+    count = cuda_count()
+    nproc, _ = choose_nproc(nproc, cfg.device, count, share_gpu,
+                            exclusive=cfg.device != "cpu" and count > 0 and exclusive_process())
     order = [j for j in ORDER if j in jobs]
     if prepared is not None and (prepared.jobs != order or prepared.nproc != nproc
                                  or (workdir is not None and Path(workdir) != prepared.base)):

@@ -62,10 +62,11 @@ def place(preference: str, local_rank: int, local_world: int, cuda_count: int) -
 
 
 def choose_nproc(requested: int | None, preference: str, cuda_count: int,
-                 share: bool = False) -> tuple[int, bool]:
+                 share: bool = False, exclusive: bool = False) -> tuple[int, bool]:
     """(ranks per node, ranks share GPUs). Raises ValueError with a one-line reason for a rank
-    count the node cannot give: more ranks than GPUs without `share`, or CUDA asked of a node
-    whose torch sees none."""
+    count the node cannot give: more ranks than GPUs without `share` (or with it, on GPUs in
+    compute mode EXCLUSIVE_PROCESS: `exclusive`, which admit one process each), or CUDA asked of
+    a node whose torch sees none. A one-GPU host runs one rank when its GPU is exclusive."""
     if requested is not None and requested < 1:
         raise ValueError(f"--nproc must be >= 1, not {requested}")
     if preference == "cpu" or (preference == "auto" and cuda_count == 0):
@@ -73,13 +74,17 @@ def choose_nproc(requested: int | None, preference: str, cuda_count: int,
     if cuda_count == 0:
         raise ValueError("--device cuda: torch sees no CUDA device")
     if requested is None:
-        if cuda_count >= 2:
+        if cuda_count >= 2 or exclusive:
             return cuda_count, False
         return SHARED_RANKS, True  # a one-GPU host still exercises the CUDA paths
     if requested > cuda_count and not share:
         raise ValueError(f"--nproc {requested} is more than the {cuda_count} GPU(s) torch sees: "
                          f"use --nproc {cuda_count} or fewer, --share-gpu (ranks share GPUs over "
                          "gloo) or --device cpu")
+    if requested > cuda_count and exclusive:
+        raise ValueError(f"--nproc {requested} is more than the {cuda_count} GPU(s) torch sees, "
+                         "and ranks cannot share a GPU in compute mode EXCLUSIVE_PROCESS (one "
+                         f"process per GPU): use --nproc {cuda_count} or fewer, or --device cpu")
     return requested, requested > cuda_count
 
 

@@ -169,11 +169,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if _under_torchrun():
         return _rank_main(names, cfg, args.pg_timeout)
+    from trainer.gpumode import exclusive_process
     from trainer.launcher import cuda_count
     from trainer.placement import choose_nproc
 
     try:
-        nproc, shared = choose_nproc(args.nproc, cfg.device, cuda_count(), args.share_gpu)
+        count = cuda_count()
+        nproc, shared = choose_nproc(args.nproc, cfg.device, count, args.share_gpu,
+                                     exclusive=cfg.device != "cpu" and count > 0 and exclusive_process())
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

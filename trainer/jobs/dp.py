@@ -22,6 +22,7 @@ from torch import nn
 from trainer.config import TrainConfig
 from trainer.data import TeacherDataset
 from trainer.distenv import DistEnv, StepTimer
+from trainer.gpumode import REASON, exclusive_process
 from trainer.jobs.common import holds
 from trainer.models import mlp, params_of, unwrap_names
 from trainer.report import SKIP, Comparison, JobReport, compare
@@ -59,6 +60,11 @@ def cuda_devices() -> int:
 def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
     if cuda_devices() < 2 or cfg.device == "cpu":
         return skip_report() if env.rank == 0 else None
+    if env.world_size > 1 and exclusive_process():
+        # rank 0 would open a context on GPUs the other ranks hold: refused in this mode
+        return JobReport(NAME, SKIP, f"DataParallel in rank 0 replicates onto GPUs the other ranks "
+                         f"hold, and they are {REASON}: running it would fail for the mode, not "
+                         "the hardware") if env.rank == 0 else None
     env.beat(f"{NAME}/single-process")
     report = run_local(cfg) if env.rank == 0 else None
     env.barrier()

@@ -31,6 +31,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from trainer.config import TrainConfig
 from trainer.data import TeacherDataset
 from trainer.distenv import DistEnv, StepTimer
+from trainer.gpumode import REASON, exclusive_process
 from trainer.models import D_IN, D_OUT, mlp_blocks, params_of
 from trainer.report import Comparison, JobReport, compare
 
@@ -77,11 +78,15 @@ def run(env: DistEnv, cfg: TrainConfig) -> JobReport | None:
 
     details: dict[str, Any] = {}
     split = None
-    if env.rank == 0 and env.is_cuda and torch.cuda.device_count() >= 2:
+    if env.rank == 0 and env.is_cuda and torch.cuda.device_count() >= 2 and not (
+            env.world_size > 1 and exclusive_process()):
         env.beat(f"{NAME}/split-cuda0-cuda1")
         split = split_check(copy.deepcopy(blocks), data, cfg, batch)
     elif env.rank == 0:
-        details["split"] = "skipped: the single-process cuda:0/cuda:1 split needs >= 2 CUDA devices"
+        details["split"] = (
+            "skipped: the single-process cuda:0/cuda:1 split needs >= 2 CUDA devices"
+            if not (env.is_cuda and torch.cuda.device_count() >= 2) else
+            f"skipped: it opens cuda:1, which rank 1 holds, and the GPUs are {REASON}")
 
     index = env.rank
     width_in, width_out = stage_widths(index, stages, cfg.hidden)
