@@ -62,9 +62,11 @@ def test_every_host_unreachable_still_gives_a_fleet_report(tmp_path: Path) -> No
     assert (run / "fleet.html").is_file() and (run / "fleet.xml").is_file()
 
 
-def test_progress_while_the_checks_run_and_one_host_unreachable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("interval", [1, 0])
+def test_progress_while_the_checks_run_and_one_host_unreachable(tmp_path: Path, interval: int) -> None:
     """A node whose run takes a few seconds: the wait says which check it is in, every second
-    here (verify_progress_interval); the other host refuses SSH and is MISSING."""
+    here (verify_progress_interval); the other host refuses SSH and is MISSING. With 0 (and
+    through a chroot connection) the checks run in the foreground, without progress."""
     slow = tmp_path / "python"
     # what the watchdog's worker does before its first check, then a slow start
     slow.write_text(f'#!/bin/sh\necho gpu-count > "$NODECERT_PROGRESS"\nsleep 4\n'
@@ -72,12 +74,17 @@ def test_progress_while_the_checks_run_and_one_host_unreachable(tmp_path: Path) 
     slow.chmod(0o755)
     proc, fleet = _play(tmp_path, f"near ansible_connection=local ansible_python_interpreter={sys.executable}"
                                   f"\nfar {FAR}",
-                        verify_python=str(slow), verify_progress_interval=1,
+                        verify_python=str(slow), verify_progress_interval=interval,
                         verify_extra_args=["--simulate", "cpu-only-healthy"])
     # the check id the run wrote last (gpu-count from the stand-in, then the real run's own)
     shown = re.findall(r'"msg": "near: running ([a-z0-9-]+) \(about (\d+) s after the start\)"', proc.stdout)
-    assert shown, proc.stdout[-4000:]
-    assert {check for check, _ in shown} <= set(registry.load_all())
+    if interval:
+        assert shown, proc.stdout[-4000:]
+        assert {check for check, _ in shown} <= set(registry.load_all())
+    else:
+        assert not shown
+        foreground = re.search(r"TASK \[Run the checks \(quick\)\] \*+\nok: \[near\]", proc.stdout)
+        assert foreground, proc.stdout[-4000:]
     hosts = {h["host"]: h for h in fleet["hosts"]}
     assert hosts["near"]["status"] == "PASS"
     assert hosts["far"]["status"] == "MISSING" and "Connection refused" in hosts["far"]["reason"]
