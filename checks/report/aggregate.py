@@ -123,7 +123,8 @@ class Fleet:
 
     @property
     def reports(self) -> list[dict[str, Any]]:
-        """The readable reports, each with `host` set to the fleet's name for it."""
+        """The readable reports, each with `host` set to the fleet's name for it: their summaries
+        (summary.py, same shape) when the fleet was read from a directory (read, load)."""
         return [h.report for h in self.hosts if h.report is not None]
 
     def to_dict(self) -> dict[str, Any]:

@@ -77,8 +77,8 @@ class Compactor:
         device = result.get("device")
         if type(device) is dict:
             try:
-                key = tuple(device.items())
-                device = devices.get(key) or devices.setdefault(key, {k: text(v) for k, v in key})
+                items = tuple(device.items())
+                device = devices.get(items) or devices.setdefault(items, {k: text(v) for k, v in items})
             except TypeError:  # a nested value: not shared
                 pass
         out = {"status": status, "message": text(result.get("message")), "device": device}
