@@ -35,6 +35,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,10 @@ EXIT_HELD = 4
 def cluster_view(node: str, prefix: str) -> tuple[NodeState, list[str], int]:
     """One `sinfo` for the whole cluster (the wrappers' deadline counts two Slurm calls): this
     node's state, the nodes drained with a `<prefix>:` reason now, sorted (an administrator's
-    drains do not count), and how many nodes there are."""
+    drains do not count), and how many nodes there are. A dry run knows none of it: the state
+    is unknown and the budget not counted."""
+    if control.offline:
+        return control.UNKNOWN, [], 0
     out = control.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
     states: dict[str, NodeState] = {}
     for line in out.splitlines():
@@ -376,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--prefix", default=DEFAULT_PREFIX,
                         help=f"reason prefix that marks nodecert's drains (default {DEFAULT_PREFIX})")
     common.add_argument("--apply", action="store_true", help="run scontrol (default: print the command)")
+    common.add_argument("--dry-run", action="store_true",
+                        help="ask no Slurm daemon (no sinfo, no scontrol; works without slurmctld): "
+                             "print the scontrol commands this would run, the node's state taken "
+                             "as unknown; health-check and epilog keep no state and publish no "
+                             "metrics")
     common.add_argument("--slurm-timeout", type=float, default=30.0, metavar="S",
                         help="limit of each sinfo/scontrol call (default 30; the wrappers pass "
                              "slurm.conf's MessageTimeout)")
@@ -500,7 +509,22 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_FAIL if result.failed else 0
 
 
+def _gate(args: argparse.Namespace, extra: list[str]) -> int:
+    if control.offline:  # the preview keeps no verdict the Prolog would read
+        with tempfile.TemporaryDirectory(prefix="nodecert-dry-run.") as scratch:
+            args.state_dir, args.textfile_dir = scratch, None
+            return gate_run(args.command, args, extra)
+    return gate_run(args.command, args, extra)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        control.offline = False  # a dry run's setting ends with it (tests call main in-process)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     # Everything after "--" goes to python -m checks (health-check, epilog, scripts, batch-script).
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -513,7 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --prefix must be non-empty and without ':'", file=sys.stderr)
         return EXIT_USAGE
     control.call_timeout_s = getattr(args, "slurm_timeout", 30.0)
+    control.offline = bool(getattr(args, "dry_run", False))
     try:
+        if control.offline and args.apply:
+            raise InputError("--dry-run asks no Slurm daemon and --apply runs scontrol: give one")
         if not (math.isfinite(control.call_timeout_s) and control.call_timeout_s > 0):
             raise InputError("--slurm-timeout must be a positive number of seconds")
         if args.command == "scripts":
@@ -538,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise InputError(f"--budget {args.budget} cannot fit --timeout {args.timeout:g} s "
                                  f"(the checks need {slurm_conf.CHECKS_START_RESERVE_S:g} s to start)")
             extra = ["--budget", args.budget, *extra]
-        return gate_run(args.command, args, extra)
+        return _gate(args, extra)
     except (InputError, ImportError, slurm_conf.DeadlineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

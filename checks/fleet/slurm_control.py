@@ -34,6 +34,9 @@ NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
 RESERVED_NODE_NAMES = {"all"}  # scontrol(1): NodeName=ALL means every node
 SLURM_ERROR_REASONS = ("Prolog error", "Epilog error")  # what slurmctld sets (slurm.conf(5))
 call_timeout_s = 30.0  # each sinfo/scontrol call; the wrappers pass the slurm.conf deadline
+# --dry-run: no sinfo or scontrol call at all (a preview on a machine without slurmctld): every
+# node's state is UNKNOWN, node names are taken as given, and act() prints what it would run.
+offline = False
 
 
 class SlurmError(Exception):
@@ -52,6 +55,9 @@ class NodeState:
     @property
     def drained(self) -> bool:
         return "drain" in self.state
+
+
+UNKNOWN = NodeState("state unknown (--dry-run: Slurm not asked)", "")
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,8 @@ def drain_reason(prefix: str, summary: str) -> str:
 
 
 def run(cmd: list[str], timeout_s: float | None = None) -> str:
+    if offline:  # a path that would still ask Slurm fails loudly instead
+        raise SlurmError(f"--dry-run: {shlex.join(cmd)} not run (no Slurm is asked in a dry run)")
     timeout_s = call_timeout_s if timeout_s is None else timeout_s
     try:
         proc = procs.run(cmd, timeout_s=timeout_s, text=True)
@@ -116,6 +124,8 @@ def run(cmd: list[str], timeout_s: float | None = None) -> str:
 
 
 def node_state(node: str) -> NodeState:
+    if offline:
+        return UNKNOWN
     out = run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"])
     line = next((ln for ln in out.splitlines() if ln.strip()), None)
     if line is None:
@@ -140,6 +150,9 @@ def decide(node: str, result: Verdict, state: NodeState, prefix: str,
         return Action("drain", node, f"fails: {result.summary}", reason)
     if state.drained and ours:
         return Action("resume", node, f"passes; drained by nodecert ({state.reason})")
+    if state == UNKNOWN:  # a dry run cannot tell: show the resume it would run if ours
+        return Action("resume", node, f"passes; resumed only if drained with a '{prefix}:' reason "
+                                      "(--dry-run: its state was not read)")
     if state.drained:
         return Action("none", node, f"passes; drained by someone else ({state.reason or 'no reason'}), "
                                     "not ours to resume")
@@ -151,7 +164,9 @@ def act(action: Action, apply: bool) -> None:
     print(f"{action.node}: {action.kind}: {action.why}")
     if cmd is None:
         return
-    if apply:
+    if offline:
+        print(f"dry run, Slurm not asked (--dry-run): {shlex.join(cmd)}")
+    elif apply:
         run(cmd)
         print(f"ran: {shlex.join(cmd)}")
     else:
@@ -181,7 +196,10 @@ def match_node(host: str, nodes: dict[str, str]) -> str | None:
 
 
 def resolve_node(host: str) -> str:
-    """match_node against the cluster (one sinfo call); SlurmError when it knows no such node."""
+    """match_node against the cluster (one sinfo call); SlurmError when it knows no such node.
+    In a dry run, the host name as it is."""
+    if offline:
+        return host
     found = match_node(host, node_hostnames())
     if found is None:
         raise SlurmError(f"sinfo knows no node for host {host!r} (matched exactly: a NodeName "

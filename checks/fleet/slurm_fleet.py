@@ -99,6 +99,11 @@ class Membership:
 
 
 def membership() -> Membership:
+    if sl.offline:  # --dry-run: no node's state, no partition known
+        print("dry run, Slurm not asked (--dry-run): no node's state read, no partition guard "
+              "applied: each failing host with the drain it would get (an already drained node "
+              "would be left as it is); resumes are not shown")
+        return Membership({}, {}, {})
     out = sl.run(["sinfo", "-h", "-N", "-o", "%N|%n|%P|%T|%E"])
     partitions: dict[str, set[str]] = defaultdict(set)
     of_node: dict[str, set[str]] = defaultdict(set)
@@ -162,7 +167,7 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
                         key=lambda f: (_rank(f.failing[0]) if f.failing else len(SEVERITY), f.host)):
         for note in found.warnings:
             print(f"{found.node}: note: {note}")
-        state = where.states.get(found.node)
+        state = where.states.get(found.node, sl.UNKNOWN if sl.offline else None)
         if state is None:
             print(f"{found.node}: not a node of this Slurm cluster; {found.status}, nothing done")
             failed = failed or bool(found.failing)
@@ -174,7 +179,7 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
                 print(f"{found.node}: already drained ({state.reason or 'no reason'}); "
                       f"fleet finding: {found.failing[0]}")
                 continue
-            full = [p for p in sorted(where.of_node[found.node]) if drained_now[p] >= allowed[p]]
+            full = [p for p in sorted(where.of_node.get(found.node, ())) if drained_now[p] >= allowed[p]]
             if full:
                 p = full[0]
                 print(f"{found.node}: held back by the drain guard: partition {p} has "
@@ -182,7 +187,7 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
                       f"{allowed[p]} at once (--max-drain-fraction {max_fraction:g}); would "
                       f"drain: {reason}")
                 continue
-            for p in where.of_node[found.node]:
+            for p in where.of_node.get(found.node, ()):
                 drained_now[p] += 1
             sl.act(sl.Action("drain", found.node, f"fails: fleet {found.failing[0]}", reason),
                    apply)
