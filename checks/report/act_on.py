@@ -186,8 +186,10 @@ def _fold(items: list[tuple[Row, str]]) -> list[Row]:
     return merged
 
 
-def _order(row: Row) -> int:
-    return SEVERITY.get(row.status, 3)
+def _order(row: Row) -> tuple[int, int]:
+    """Most severe first; within a severity, what a host's own checks found before the fleet's
+    findings (an uncorrectable ECC error before a slow GPU)."""
+    return SEVERITY.get(row.status, 3), 0 if row.kind in ("check", "report") else 1
 
 
 def host_rows(entry: HostEntry) -> list[Row]:
@@ -209,7 +211,8 @@ def host_rows(entry: HostEntry) -> list[Row]:
 
 
 def rows(hosts: Iterable[HostEntry]) -> list[Row]:
-    """Every host's rows: hosts without a report first, then by the host's worst row, then name."""
+    """Every host's rows: hosts without a report first, then by the host's worst row (its own
+    checks' findings before the fleet's), then name."""
     per_host = [(h, host_rows(h)) for h in hosts]
     per_host = [(h, found) for h, found in per_host if found]
     per_host.sort(key=lambda hf: (min(_order(r) for r in hf[1]), hf[0].host))

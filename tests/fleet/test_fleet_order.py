@@ -121,3 +121,13 @@ def test_junit_root_cause_first_dependents_name_it(fleet: aggregate.Fleet) -> No
     slow = next(s for s in root if s.get("name") == "node0001")
     assert slow[0].get("name").startswith("straggler gpu-matmul/matmul_bf16_tflops GPU2")
     ET.tostring(root)  # still serialisable
+
+
+def test_a_hosts_own_failure_before_the_fleets_findings(small_fleet) -> None:
+    """Within one severity, what a host's checks found (uncorrectable ECC) comes before what the
+    fleet found (stragglers); warnings last."""
+    rows = act_on.rows(aggregate.from_reports(small_fleet).hosts)
+    assert [(r.host, r.kind, r.check) for r in rows] == [
+        ("node0012", "check", "ecc-errors"), ("node0007", "straggler", "gpu-matmul"),
+        ("node0010", "straggler", "nccl-allreduce"), ("node0003", "straggler", "gpu-membw")]
+    assert rows[0].fault_code == "GPU002" and rows[0].serial and "nvidia-smi -q -d ECC" in rows[0].confirm
