@@ -114,7 +114,9 @@ def read_regular(path: Path) -> bytes:
 _JSON_STRING = re.compile(rb'"[^"\\\\]*(?:\\\\.[^"\\\\]*)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _NOT_BRACKET_OR_QUOTE = bytes(b for b in range(256) if b not in b'[]{}"')
-_INNERMOST = re.compile(rb"\[\]|\{\}")
+# { and } read as [ and ]: in a text that parsed, brackets outside strings pair up by kind anyway,
+# and one kind lets bytes.replace strip the innermost pairs (~4x the regular expression \[\]|\{\})
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
 # a surrogate reaches a parsed str only from a \\uD800-\\uDFFF escape or from raw bytes ED A0-BF
 # (json.loads decodes bytes with "surrogatepass"; any ED byte takes the walk)
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -130,15 +132,16 @@ def plainly_fine(raw: bytes) -> bool:
     # Without a backslash before a quote, every quote delimits a string. Keep quotes and brackets:
     # a string without brackets is an adjacent "" pair, removed in one left-to-right pass. A quote
     # left over (a string holding a bracket) or an escaped quote takes the regular expression.
-    brackets = raw.translate(None, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    brackets = raw.translate(_ONE_KIND, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
     if b'"' in brackets or b'\\"' in raw:
-        brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+        brackets = _JSON_STRING.sub(b"", raw).translate(_ONE_KIND, _NOT_BRACKET)
     for _ in range(MAX_DEPTH):  # each pass strips the innermost pairs: passes = nesting depth
-        brackets, n = _INNERMOST.subn(b"", brackets)
-        if not brackets:
+        shorter = brackets.replace(b"[]", b"")
+        if not shorter:
             return True
-        if n == 0:
+        if len(shorter) == len(brackets):
             return False
+        brackets = shorter
     return False
 
 

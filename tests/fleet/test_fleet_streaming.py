@@ -148,3 +148,26 @@ def test_the_fast_path_is_taken_for_a_report() -> None:
         pytest.skip("orjson is not installed: json reads every report")
     assert load._fast(raw) == json.loads(raw)
     assert load._fast(b'{"a": 1, "a": 2}') is None
+
+
+def _mixed(depth: int, key: str) -> bytes:
+    """Objects and arrays alternating, `depth` deep (`key`: each object's key, each array's first
+    item)."""
+    text, close = "", ""
+    for level in range(depth):
+        if level % 2:
+            text, close = text + f'["{key}", ', "]" + close
+        else:
+            text, close = text + f'{{"{key}": ', "}" + close
+    return (text + "1" + close).encode()
+
+
+@pytest.mark.parametrize("key", ["k", "k[]{"])  # the plain path, and brackets in strings
+@pytest.mark.parametrize("depth", range(load.MAX_DEPTH - 2, load.MAX_DEPTH + 3))
+def test_depth_on_the_bytes_agrees_with_the_walk_for_mixed_brackets(depth: int, key: str) -> None:
+    raw = _mixed(depth, key)
+    doc = json.loads(raw)
+    walked = load.text_problem(doc)
+    assert (walked is None) == (depth <= load.MAX_DEPTH)
+    assert load.text_problem(doc, raw) == walked
+    assert load.plainly_fine(raw) == (walked is None)
