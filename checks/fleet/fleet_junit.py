@@ -55,8 +55,12 @@ def _order(root: ET.Element, fleet: Fleet) -> None:
     for i, row in enumerate(found):
         host_rank.setdefault(row.host, i)
     suites = list(root)
+    by_host: dict[str, list[act_on.Row]] = {}
+    for row in found:
+        by_host.setdefault(row.host, []).append(row)
     for suite in suites:
-        _order_cases(suite, [r for r in found if r.host == suite.get("name")], folded)
+        if suite.get("name") in by_host:  # a host with nothing to act on keeps its order
+            _order_cases(suite, by_host[suite.get("name") or ""], folded)
     root[:] = sorted(suites, key=lambda s: host_rank.get(s.get("name") or "", len(found)))
 
 

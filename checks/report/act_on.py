@@ -142,7 +142,7 @@ def _cause(results: list[dict[str, Any]]) -> str:
 def _check_rows(entry: HostEntry) -> list[Row]:
     """The rows of one host's report: one per check and GPU not passed, dependents folded."""
     report = entry.report or {}
-    serials = _serials(report)
+    serials: dict[Any, str] | None = None  # read only for a GPU whose own result has no serial
     items: list[tuple[Row, str]] = []  # row, the check it defers to
     for chk in report.get("checks", []):
         by_gpu: dict[Any, list[dict[str, Any]]] = {}
@@ -153,8 +153,10 @@ def _check_rows(entry: HostEntry) -> list[Row]:
             worst = _worst(bad)
             gpu = GpuRef.from_device(worst.get("device"))
             code = worst.get("fault_code") or (chk.get("code") if worst["status"] != "ERROR" else None)
-            serial = (worst.get("device") or {}).get("serial") or (
-                serials.get(gpu.index) or serials.get(gpu.pci) if gpu else None)
+            serial = (worst.get("device") or {}).get("serial")
+            if gpu is not None and not serial:
+                serials = _serials(report) if serials is None else serials
+                serial = serials.get(gpu.index) or serials.get(gpu.pci)
             row = Row(entry.host, entry.status, worst["status"], chk["id"], str(worst["message"]), gpu,
                       serial, code, worst.get("remedy"), confirm_commands(code))
             items.append((row, _cause(bad)))
@@ -194,15 +196,15 @@ def _order(row: Row) -> tuple[int, int]:
 
 def host_rows(entry: HostEntry) -> list[Row]:
     """What to do about one host, most severe first (the report's order within a severity)."""
+    if entry.status == "PASS":  # no result but PASS or SKIP, no finding: nothing to act on
+        return []
     if entry.report is None:
-        if entry.status == "PASS":
-            return []
         remedy, confirm = NO_REPORT.get(entry.status, (None, ()))
         return [Row(entry.host, entry.status, entry.status, "no report", entry.reason or "no report",
                     remedy=remedy, confirm=tuple(c.replace("HOST", entry.host) for c in confirm),
                     kind="report")]
     rows = _check_rows(entry)
-    serials = _serials(entry.report)
+    serials = _serials(entry.report) if any(f.gpu for f in entry.findings) else {}
     for f in entry.findings:
         serial = serials.get(f.gpu.index) or serials.get(f.gpu.pci) if f.gpu else None
         rows.append(Row(entry.host, entry.status, f.status, f.check, f.reason, f.gpu, serial,
