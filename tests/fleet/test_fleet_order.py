@@ -131,3 +131,25 @@ def test_a_hosts_own_failure_before_the_fleets_findings(small_fleet) -> None:
         ("node0012", "check", "ecc-errors"), ("node0007", "straggler", "gpu-matmul"),
         ("node0010", "straggler", "nccl-allreduce"), ("node0003", "straggler", "gpu-membw")]
     assert rows[0].fault_code == "GPU002" and rows[0].serial and "nvidia-smi -q -d ECC" in rows[0].confirm
+
+
+def test_without_the_catalogue_a_row_points_at_the_page(fleet: aggregate.Fleet, monkeypatch,
+                                                        tmp_path) -> None:
+    """An install without the troubleshooting catalogue (the wheel leaves checks/docgen out):
+    no commands, the row still names where the code is explained; a broken catalogue the same."""
+    from checks import resources
+
+    catalogue = tmp_path / "faults.yaml"
+    monkeypatch.setattr(resources, "data", lambda *parts: catalogue)
+    for text in (None, "INV004: [unclosed\n"):
+        if text is not None:
+            catalogue.write_text(text)
+        act_on.catalogue.cache_clear()
+        try:
+            lost = act_on.rows(fleet.hosts)[1]
+        finally:
+            act_on.catalogue.cache_clear()
+        assert lost.check == "gpu-count" and lost.confirm == ()
+        assert lost.see() == "docs/troubleshooting.md#inv004"
+    monkeypatch.undo()
+    assert "nvidia-smi -L" in act_on.rows(fleet.hosts)[1].confirm
