@@ -10,7 +10,7 @@ import hashlib
 import re
 
 import pytest
-from e2elib import rootfs, runner
+from e2elib import aptrepo, rootfs, runner
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -35,6 +35,8 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "dpkg-interrupted",
         "secure-boot-dkms",
         "unreachable-source",
+        "modules-gap",
+        "modules-gap-auto",
     )
     roots = {name: make_host(name, debian12_tarball) for name in names}
     rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
@@ -66,6 +68,13 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "unreachable-source": {"preflight_apt_cache_valid_time": 0},
         # A kernel Canonical ships no precompiled NVIDIA modules for: DKMS would be needed.
         "secure-boot": {"nvidia_driver_kernel_release": "6.99.0-1-generic"},
+        # Precompiled modules asked for on a kernel whose modules are built for an older driver
+        # than the archive serves (Ubuntu's archive on 2026-12-04): stopped before any change.
+        "modules-gap": {"nvidia_driver_kernel_release": aptrepo.MODULES_GAP_KERNEL,
+                        "nvidia_driver_module_source": "precompiled"},
+        # The same kernel with the default source: DKMS, said with the reason (the stand-in archive
+        # has no linux-headers for this kernel, so the DKMS install then fails: the fault here).
+        "modules-gap-auto": {"nvidia_driver_kernel_release": aptrepo.MODULES_GAP_KERNEL},
         # DKMS asked for: known before NVIDIA's repository is read, so the stop comes before any change.
         "secure-boot-dkms": {"nvidia_driver_module_source": "dkms"},
         # inventory.example's placeholder, copied without being replaced.
@@ -190,6 +199,35 @@ def test_debian_gpu_node_is_refused_up_front(faults):
     assert "debian-gpu runs Debian 12" in message and "GPU-less images only" in message, result
     assert "1 NVIDIA GPU(s) on its PCI bus" in message
     assert untouched(roots["debian-gpu"])
+
+
+def test_precompiled_modules_built_for_another_driver_stop_before_the_driver(faults):
+    """apt would answer "held broken packages" for the pair; the stop names both versions and
+    comes before any driver package. (These Debian roots list the driver only once the stand-in
+    repository is added, so the stop is the second one, after apt reads it; on Ubuntu the
+    archive lists both before any change and the early stop in source.yml answers.)"""
+    roots, result = faults
+    message = result.failure("modules-gap")
+    old, new = aptrepo.OLDER_FABRIC_MANAGER["580"], aptrepo.DRIVER_VERSIONS["580"]
+    assert (f"linux-modules-nvidia-580-server-open-{aptrepo.MODULES_GAP_KERNEL} for kernel "
+            f"{aptrepo.MODULES_GAP_KERNEL} is built for driver {old}, but the driver apt installs "
+            f"is {new}") in message, result
+    assert "nvidia_driver_module_source=dkms" in message
+    status = runner.in_root(
+        roots["modules-gap"], "dpkg-query", "--show", "--showformat=${Package}\\n", check=False
+    ).stdout.split()
+    assert not [p for p in status if p.startswith(("nvidia-", "linux-modules-nvidia"))], status
+
+
+def test_precompiled_modules_built_for_another_driver_fall_back_to_dkms_saying_why(faults):
+    _roots, result = faults
+    old, new = aptrepo.OLDER_FABRIC_MANAGER["580"], aptrepo.DRIVER_VERSIONS["580"]
+    said = (f"nvidia_driver_module_source=auto: Canonical's linux-modules-nvidia-580-server-open-"
+            f"{aptrepo.MODULES_GAP_KERNEL} for kernel {aptrepo.MODULES_GAP_KERNEL} is built for driver "
+            f"{old}, not {new} (modules for a new driver follow it by some days), so modules-gap-auto "
+            "falls back to DKMS")
+    assert said in result.output, result
+    assert f"linux-headers-{aptrepo.MODULES_GAP_KERNEL}" in result.failure("modules-gap-auto"), result
 
 
 def test_gh200_with_proprietary_modules_is_refused(faults):

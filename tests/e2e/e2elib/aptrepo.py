@@ -39,6 +39,14 @@ NCCL_VERSION = "2.26.2-1"
 NEWER_NCCL = ("2.27.3-1", "12.9")  # apt would take this one if the role did not pin
 # A kernel "installed but not running" (its /boot/vmlinuz planted by a test): modules exist for it.
 PENDING_KERNEL = "6.98.0-2-generic"
+# A kernel whose precompiled NVIDIA modules were built for an older driver than the archive now
+# serves: Canonical publishes linux-modules-nvidia-* after a driver update, and each pins the
+# driver it was built for, as noble's did on 2026-12-04 ("Depends: ...,
+# nvidia-kernel-common-580-server (<= 580.196.07-1), nvidia-kernel-common-580-server (>=
+# 580.196.07)", the 6.8.0-151 build; kernels before it had modules for 580.178.04 only while
+# the archive served 580.196.07). Modules of this kernel are built for OLDER_FABRIC_MANAGER's
+# version of the branch.
+MODULES_GAP_KERNEL = "6.97.0-3-generic"
 # From branch 580 NVIDIA's repository names Fabric Manager nvidia-fabricmanager and only "provides"
 # nvidia-fabricmanager-<branch> ("Package nvidia-fabricmanager-580 is a virtual package provided by:
 # nvidia-fabricmanager 580.65.06-1", NVIDIA/gpu-driver-container#451). The stand-in has the
@@ -300,6 +308,7 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                 """),
                 },
             ),
+            Package(f"nvidia-kernel-common-{branch}-server", deb_version),
             Package(
                 f"nvidia-compute-utils-{branch}-server",
                 deb_version,
@@ -341,6 +350,21 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
                     ],
                 ),
             ]
+            built_for = OLDER_FABRIC_MANAGER[branch]
+            packages.append(
+                Package(
+                    f"linux-modules-nvidia-{branch}-server{suffix}-{MODULES_GAP_KERNEL}",
+                    f"{MODULES_GAP_KERNEL.removesuffix('-generic').replace('-', '.')}+1",
+                    depends=[f"nvidia-kernel-common-{branch}-server (<= {built_for}-1), "
+                             f"nvidia-kernel-common-{branch}-server (>= {built_for})"],
+                    files={
+                        f"lib/modules/{MODULES_GAP_KERNEL}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": (
+                            "stand-in\n",
+                            0o644,
+                        )
+                    },
+                )
+            )
             packages += [
                 Package(
                     f"linux-modules-nvidia-{branch}-server{suffix}-{kernel}",
