@@ -385,8 +385,10 @@ class Backend(abc.ABC):
         return set()
 
     def process_slurm_job(self, pid: int) -> str | None:
-        """The Slurm job whose cgroup holds process PID (read from /proc/PID/cgroup, see
-        slurm_job_of_cgroup); None when PID is in no job's cgroup, has ended, or cannot be read."""
+        """The Slurm job process PID belongs to: the job whose cgroup holds it (/proc/PID/cgroup,
+        see slurm_job_of_cgroup), else, where no cgroup names a job (proctrack/linuxproc), the
+        job step whose root-owned slurmstepd it descends from (checks/hw/jobprocs.py). None when
+        PID is in no job, has ended, or cannot be read."""
         return None
 
     # --- Storage and swap (checks/node/suite/storage.py) --------------------------------------
