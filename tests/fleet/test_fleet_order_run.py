@@ -6,6 +6,7 @@ test_slurm_wrapper.py::test_the_checks_write_the_check_they_start)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -72,10 +73,18 @@ def test_progress_while_the_checks_run_and_one_host_unreachable(tmp_path: Path, 
     slow.write_text(f'#!/bin/sh\necho gpu-count > "$NODECERT_PROGRESS"\nsleep 4\n'
                     f'exec {sys.executable} "$@"\n')
     slow.chmod(0o755)
-    proc, fleet = _play(tmp_path, f"near ansible_connection=local ansible_python_interpreter={sys.executable}"
-                                  f"\nfar {FAR}",
-                        verify_python=str(slow), verify_progress_interval=interval,
-                        verify_extra_args=["--simulate", "cpu-only-healthy"])
+    # With 0, a neighbour also holds a lock on the shared temporary directory the whole time:
+    # the node writes its report in a private directory of its own, so it neither waits nor fails.
+    shared = os.open(os.environ.get("TMPDIR", "/tmp"), os.O_RDONLY)
+    try:
+        if interval == 0:
+            fcntl.flock(shared, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc, fleet = _play(tmp_path, f"near ansible_connection=local "
+                                      f"ansible_python_interpreter={sys.executable}\nfar {FAR}",
+                            verify_python=str(slow), verify_progress_interval=interval,
+                            verify_extra_args=["--simulate", "cpu-only-healthy"])
+    finally:
+        os.close(shared)
     # the check id the run wrote last (gpu-count from the stand-in, then the real run's own)
     shown = re.findall(r'"msg": "near: running ([a-z0-9-]+) \(about (\d+) s after the start\)"', proc.stdout)
     if interval:
@@ -90,6 +99,6 @@ def test_progress_while_the_checks_run_and_one_host_unreachable(tmp_path: Path, 
     assert hosts["far"]["status"] == "MISSING" and "Connection refused" in hosts["far"]["reason"]
     assert (tmp_path / "reports" / "r1" / "near.json").is_file()
     assert proc.returncode == 2
-    leftovers = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("nodecert-report.*")
+    leftovers = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("nodecert-verify.*")
                  if p.stat().st_mtime >= (tmp_path / "inventory.ini").stat().st_mtime]
-    assert leftovers == []  # the report and the progress file were removed from the node
+    assert leftovers == []  # the private directory of the report and the progress file was removed
