@@ -139,21 +139,29 @@ def confined(directory: str | Path, name: str) -> Path:
     return Path(directory) / name
 
 
+def flock_within(fd: int, wait_s: float, poll_s: float = _LOCK_POLL_S) -> bool:
+    """Take an exclusive flock on fd, trying without blocking until wait_s has passed: True when
+    taken, False when another process held it all that time (a lock anyone can take on a shared
+    directory must never hang a run)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def _dir_lock(directory: Path) -> Iterator[None]:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise OSError(errno.EWOULDBLOCK, f"another process has held a lock on the "
-                                  f"directory for more than {LOCK_WAIT_S:g} s (flock); not written "
-                                  "(write into a directory only you can write)") from None
-                time.sleep(_LOCK_POLL_S)
+        if not flock_within(fd, LOCK_WAIT_S):
+            raise OSError(errno.EWOULDBLOCK, f"another process has held a lock on the "
+                          f"directory for more than {LOCK_WAIT_S:g} s (flock); not written "
+                          "(write into a directory only you can write)")
         yield
     finally:
         os.close(fd)  # closing releases the lock

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
@@ -202,17 +201,7 @@ def state_lock(state_dir: Path, wait_s: float, create: bool = True) -> Iterator[
         state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / LOCK, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o600)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.1)
-        yield True
+        yield safeio.flock_within(fd, wait_s, poll_s=0.1)
     finally:
         os.close(fd)
 

@@ -434,16 +434,24 @@ def test_fleet_shows_rails_and_transports_per_host(run_cli, tmp_path: Path) -> N
     assert "Multi-node fabric" in page and "GPU7-&gt;mlx5_11 (pcie-switch)" in page
 
 
+def _p2p_ring_without_nvls(ranks: int) -> str:
+    """An NCCL INFO log of a P2P ring over `ranks` GPUs that set up 0 NVLS channels."""
+    return "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % ranks}[{i}] via "
+                   "P2P/CUMEM/read\n" for i in range(ranks)) + (
+        "h:1:2 [0] NCCL INFO 16 coll channels, 0 nvls channels, 32 p2p channels\n")
+
+
+def _transport(run_cli, tmp_path: Path, log: str, base: str) -> dict:
+    _, report, _ = run_cli("--simulate", _with_log(tmp_path, log, base=base),
+                           "--only", "nccl-allreduce,nccl-transport")
+    (found,) = results(report, "nccl-transport")
+    return found
+
+
 def test_b200_without_nvls_does_not_pass_transport(run_cli, tmp_path: Path) -> None:
     """HGX B200 keeps its NVSwitches off the PCI bus: NVLS is still expected (the b200 profile
     says NVSwitch), so a log with 0 nvls channels WARNs instead of passing."""
-    p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 8}[{i}] via "
-                  "P2P/CUMEM/read\n" for i in range(8))
-    no_nvls = "h:1:2 [0] NCCL INFO 16 coll channels, 0 nvls channels, 32 p2p channels\n"
-    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
-                                                   base="blackwell-b200-8x-healthy"),
-                           "--only", "nccl-allreduce,nccl-transport")
-    (found,) = results(report, "nccl-transport")
+    found = _transport(run_cli, tmp_path, _p2p_ring_without_nvls(8), "blackwell-b200-8x-healthy")
     assert found["status"] == "WARN", found
     assert found["details"]["expected"]["nvls"] is True
     assert "NVLS not used" in found["message"]
@@ -453,18 +461,9 @@ def test_direct_nvlink_mesh_of_an_nvswitch_model_expects_no_nvls(run_cli, tmp_pa
     """HGX H100 4-GPU (NVIDIA/nccl#1617): the H100 SXM profile describes the NVSwitch board, but
     every NVML link names a GPU as its far end, so no NVSwitch and no NVLS is expected; the same
     log on the 8-GPU NVSwitch node still WARNs."""
-    p2p = "".join(f"h:1:2 [{i}] NCCL INFO Channel 00/0 : {i}[{i}] -> {(i + 1) % 4}[{i}] via "
-                  "P2P/CUMEM/read\n" for i in range(4))
-    no_nvls = "h:1:2 [0] NCCL INFO 16 coll channels, 0 nvls channels, 32 p2p channels\n"
-    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
-                                                   base="node-hgx-h100-4gpu-nvlink-mesh"),
-                           "--only", "nccl-allreduce,nccl-transport")
-    (found,) = results(report, "nccl-transport")
+    found = _transport(run_cli, tmp_path, _p2p_ring_without_nvls(4), "node-hgx-h100-4gpu-nvlink-mesh")
     assert found["details"]["expected"] == {"cross_host": False, "rdma_up": [], "nvlink": True,
                                             "nvls": False}, found
     assert found["status"] == "PASS", found
-    _, report, _ = run_cli("--simulate", _with_log(tmp_path, p2p + no_nvls,
-                                                   base="h100-sxm-8x-healthy"),
-                           "--only", "nccl-allreduce,nccl-transport")
-    (found,) = results(report, "nccl-transport")
+    found = _transport(run_cli, tmp_path, _p2p_ring_without_nvls(4), "h100-sxm-8x-healthy")
     assert found["details"]["expected"]["nvls"] is True and found["status"] == "WARN", found
