@@ -10,8 +10,9 @@ one fault of one GPU and give the same remedy (gpu-count and xid-events for a GP
 the bus) are one row: the first check in the report is the row's check, the others are `also`.
 
 The confirm commands and the meaning of each fault code come from the troubleshooting catalogue
-(checks/docgen/faults.yaml, rendered into docs/troubleshooting.md); a code without an entry, or an
-install without the catalogue, gets no commands and the row points at the troubleshooting page.
+(checks/report/faults.yaml, package data the wheel ships, rendered into docs/troubleshooting.md);
+a code without an entry, or a damaged catalogue, gets no commands and the row points at the
+troubleshooting page.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Row:
 def catalogue() -> dict[str, tuple[str, ...]]:
     """Fault code -> the commands that confirm it by hand; empty when the catalogue is not
     installed or cannot be read (the rows then only point at the troubleshooting page)."""
-    node = resources.data("docgen", "faults.yaml")
+    node = resources.data("report", "faults.yaml")
     try:
         data = safeyaml.load(node.read_text(encoding="utf-8")) if node.is_file() else {}
     except (OSError, ValueError, yaml.YAMLError):

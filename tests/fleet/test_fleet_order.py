@@ -135,8 +135,8 @@ def test_a_hosts_own_failure_before_the_fleets_findings(small_fleet) -> None:
 
 def test_without_the_catalogue_a_row_points_at_the_page(fleet: aggregate.Fleet, monkeypatch,
                                                         tmp_path) -> None:
-    """An install without the troubleshooting catalogue (the wheel leaves checks/docgen out):
-    no commands, the row still names where the code is explained; a broken catalogue the same."""
+    """An install without the troubleshooting catalogue (a damaged one): no commands, the row
+    still names where the code is explained; a broken catalogue the same."""
     from checks import resources
 
     catalogue = tmp_path / "faults.yaml"

@@ -143,3 +143,6 @@ def test_fleet_report_and_slurm_wrappers_from_the_wheel(node):
     assert (node["dir"] / "slurm").is_dir() and any((node["dir"] / "slurm").iterdir())
     node["run"]("-c", "import checks.docgen", ok=(1,))
     node["run"]("-c", "import checks.devtools.synthetic", ok=(1,))
+    # the rows to act on carry the commands that confirm a fault: the catalogue is package data
+    node["run"]("-c", "from checks.report import act_on; assert 'nvidia-smi -L' in "
+                      "act_on.confirm_commands('INV004')")

@@ -15,13 +15,13 @@ FIX = "run: python -m checks.docgen.faults --write"
 def test_every_registered_fault_code_has_an_entry() -> None:
     missing = gen.missing_codes(gen.load_faults(), gen.checks())
     assert not missing, (
-        "fault codes without an entry in checks/docgen/faults.yaml (give each meaning, confirm, "
+        "fault codes without an entry in checks/report/faults.yaml (give each meaning, confirm, "
         f"action; then {FIX}):\n  " + "\n  ".join(missing))
 
 
 def test_no_entry_for_a_code_nothing_registers() -> None:
     orphans = gen.orphan_codes(gen.load_faults(), gen.checks())
-    assert not orphans, f"checks/docgen/faults.yaml entries no check registers: {orphans}"
+    assert not orphans, f"checks/report/faults.yaml entries no check registers: {orphans}"
 
 
 def test_troubleshooting_doc_is_current() -> None:
@@ -44,7 +44,7 @@ def test_missing_code_is_named_and_gets_a_visible_placeholder() -> None:
     gpu002 = next(c for c in chks if c.code == "GPU002")
     del entries["GPU002"]
     assert gen.missing_codes(entries, chks) == [f"GPU002 (ecc-errors: {gpu002.title})"]
-    assert "No entry in checks/docgen/faults.yaml yet: add GPU002" in gen.markdown(entries, chks)
+    assert "No entry in checks/report/faults.yaml yet: add GPU002" in gen.markdown(entries, chks)
 
 
 def test_orphan_entry_is_named() -> None:
