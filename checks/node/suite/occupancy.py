@@ -27,6 +27,11 @@ REMEDY_MEMORY = ("memory is held with no compute process NVML lists: look for pr
                  "(nvidia-smi -r -i <index>, with nothing else on it) or reboot")
 
 
+REMEDY_LINGERING = ("see whether the OS holds it: numastat -m (the GPU's memory is a NUMA node "
+                    "of its own without CDMM), then sync; echo 3 > /proc/sys/vm/drop_caches; a "
+                    "GPU still held after that with no process: " + REMEDY_MEMORY)
+
+
 def _status(name: str) -> Status:
     value = str(name).upper()
     if value not in ("FAIL", "WARN"):
@@ -57,11 +62,15 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     that only jobs hold SKIPs as busy, naming the job (the health check slurmd runs during jobs
     must not drain the node for its own job); other processes beside a job's are still judged.
     A GPU whose process list NVML refuses for lack of privileges (NO_PERMISSION: a MIG-enabled
-    GPU's parent handle) SKIPs as not judgeable."""
+    GPU's parent handle) SKIPs as not judgeable. Memory held with no process is only a warning
+    where the profile says occupancy.memory_without_process_status: warn (GB200/GB300: without
+    CDMM the OS manages GPU memory as a NUMA node and can keep freed memory mapped)."""
     p = ctx.profile
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
     fail_fraction = float(p.require("occupancy.memory_used_fail_fraction"))
+    # Grace platforms (the profile says warn): the OS may keep freed GPU memory mapped
+    lingering = _status(p.get("occupancy.memory_without_process_status") or "fail") is Status.WARN
     own = ctx.hw.own_pids()
     container = ctx.hw.container()
     pid_note = (f"; this runs in a container ({container}): NVML gives host PIDs, which it may "
@@ -117,10 +126,14 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
         unlisted = ("NVML does not list processes on this GPU" if procs is None
                     else "no compute process listed")
         if held > warn_bytes:
-            judged = fail if held > fail_fraction * total else warn
+            judged = fail if held > fail_fraction * total and not lingering else warn
+            note = (f"; on {p.name} the OS can keep memory a process freed mapped (GPU memory "
+                    "onlined as a NUMA node, without CDMM): a warning, not a failure"
+                    if lingering and held > fail_fraction * total else "")
             return judged(f"{held / MIB:.0f} MiB of {total / MIB:.0f} MiB in use with "
-                          f"{unlisted}" + pid_note, value=round(held / MIB), unit="MiB",
-                          expected=expected, details=details, remedy=REMEDY_MEMORY)
+                          f"{unlisted}" + note + pid_note, value=round(held / MIB), unit="MiB",
+                          expected=expected, details=details,
+                          remedy=REMEDY_LINGERING if lingering else REMEDY_MEMORY)
         return passed(f"free: {unlisted}, {used / MIB:.0f} MiB in use", value=round(held / MIB),
                       unit="MiB", expected=expected, details=details)
 
