@@ -5,6 +5,8 @@ PY        := $(VENV)/bin/python
 INVENTORY ?=
 LEVEL     ?= standard
 ARGS      ?=
+# pytest workers of `make test` (0: in one process)
+TEST_JOBS ?= 2
 # `make test` pins the torch the nodes get (the pytorch role's pytorch_torch_version, written
 # once there); here its CPU build installs from local disk. A GPU host passes
 # VENV=/opt/nodecert/venv (made by the pytorch role) and nothing is installed into it.
@@ -57,7 +59,6 @@ system-deps:
 # fixtures are built once, and the files go out longest first (tests/durations.json, kept in
 # that order by --no-loadscope-reorder; tests/conftest.py). TEST_JOBS=0 runs in-process. ARGS is
 # split as a shell splits words (`ARGS="-m 'not e2e'"`), by .ci/with_args.py: nothing in it runs.
-TEST_JOBS ?= 2
 test: system-deps $(DEV_DEPS)
 	exec "$$VENV/bin/python" .ci/with_args.py "$$VENV/bin/python" -m pytest \
 	  $(if $(filter 0,$(TEST_JOBS)),,-n "$$TEST_JOBS" --dist loadfile --no-loadscope-reorder)

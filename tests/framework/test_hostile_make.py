@@ -43,3 +43,11 @@ def test_make_test_args_with_an_open_quote_is_one_line() -> None:
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if not line.startswith("make: ***")]
     assert ours == ["error: ARGS: No closing quotation"], proc.stderr
+
+
+def test_make_test_runs_two_workers_by_default() -> None:
+    """TEST_JOBS unset: two workers (an `export TEST_JOBS` above its `?=` default once made it
+    empty, and `make test` died on `-n ''` before running a test)."""
+    proc = _make_test("ARGS=tests/framework/test_lint_config.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "created: 2/2 workers" in proc.stdout, proc.stdout + proc.stderr
