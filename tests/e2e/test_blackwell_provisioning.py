@@ -203,7 +203,9 @@ def test_no_nvlink5_packages_or_imex_elsewhere(selection, host):
         ("b300-proprietary", "nvidia_driver_kernel_modules=proprietary cannot drive B300 SXM6 AC"),
         ("gb200-no-nodes", "imex_nodes is empty: list the IP addresses of every compute tray"),
         ("gb200-bad-nodes", "imex_nodes has entries that are not IP addresses: rack-a-tray-2."),
-        ("bogus-platform", "unknown platform 'dgx-b9000'; known: auto, gb300-nvl72-tray"),
+        # every platform rule the preflight table has, in its order (generated from the profiles)
+        ("bogus-platform", "unknown platform 'dgx-b9000'; known: auto, "
+         + ", ".join(r["name"] for r in TABLES["_preflight_platforms"])),
     ],
 )
 def test_bad_input_stops_with_one_line(selection, host, message):

@@ -35,8 +35,8 @@ def _absolute(ctx: Context, metric: str, fraction_key: str) -> rules.Threshold |
 
 
 # The MIG profile in the name CUDA gives a slice: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" (the
-# device properties Hugging Face's `spaces` package records for a ZeroGPU slice: 42 of the
-# A100's 108 SMs, 42144366592 bytes, driver 535).
+# device properties Hugging Face's ZeroGPU package, https://pypi.org/project/spaces/, records
+# for its slices: 42 of the A100's 108 SMs, 42144366592 bytes, driver 535).
 MIG_SLICE = re.compile(r"\bMIG (\d+g\.\d+gb(?:\+\w+)*)\b")
 
 
