@@ -1,7 +1,6 @@
 # Thin wrappers; the logic lives in checks/, trainer/ and playbooks/.
 PYTHON    ?= python3
 VENV      ?= .venv
-PY        := $(VENV)/bin/python
 INVENTORY ?=
 LEVEL     ?= standard
 ARGS      ?=
@@ -21,11 +20,11 @@ endif
 .PHONY: venv verify test system-deps lint provision inventory-exists bench clean gpu-proof
 
 $(VENV)/.stamp-run: pyproject.toml
-	$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH_PIN) -e .
+	"$$PYTHON" -m venv "$$VENV" && "$$VENV/bin/python" -m pip install -q "$$TORCH_PIN" -e .
 	touch $@
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-run
-	$(PY) -m pip install -q $(TORCH_PIN) -e '.[dev]'
+	"$$VENV/bin/python" -m pip install -q "$$TORCH_PIN" -e '.[dev]'
 	touch $@
 
 venv: $(RUN_DEPS) $(DEV_DEPS)
@@ -34,7 +33,7 @@ venv: $(RUN_DEPS) $(DEV_DEPS)
 # command: `LEVEL='quick;touch /tmp/p'` is a bad level (exit 2), not a second command. ARGS is
 # split into words (globbing off) and nothing in it is run. The venv the recipes run from is
 # named as "$$VENV" too: a crafted VENV is a missing interpreter, not a command.
-export INVENTORY LEVEL ARGS CHECK VENV TEST_JOBS
+export INVENTORY LEVEL ARGS CHECK VENV TEST_JOBS PYTHON TORCH_PIN
 
 ifeq ($(INVENTORY),)
 verify: $(RUN_DEPS)
@@ -65,28 +64,28 @@ test: system-deps $(DEV_DEPS)
 
 # ruff (style, imports, complexity over 15: pyproject.toml), mypy over the product, ansible-lint
 lint: $(DEV_DEPS)
-	$(VENV)/bin/ruff check checks trainer tests benchmarks
-	$(VENV)/bin/mypy checks trainer
-	cd playbooks && $(abspath $(VENV))/bin/ansible-lint --profile production
+	"$$VENV/bin/ruff" check checks trainer tests benchmarks
+	"$$VENV/bin/mypy" checks trainer
+	venv=$$(cd "$$VENV" && pwd) && cd playbooks && "$$venv/bin/ansible-lint" --profile production
 
 # Never falls back to the implicit localhost: no inventory file is a usage error. A named file
 # that is not there is most likely a typo: the nearest names in its directory are suggested.
 inventory-exists:
 	@inv="$${INVENTORY:-inventory}"; test -f "$$inv" && exit 0; \
 	if [ -z "$$INVENTORY" ]; then echo "error: no inventory file 'inventory'; copy inventory.example to inventory, list your GPU hosts, then run: make provision INVENTORY=inventory" >&2; exit 2; fi; \
-	near=$$($(PYTHON) .ci/near_files.py "$$inv" 2>/dev/null); \
+	near=$$("$$PYTHON" .ci/near_files.py "$$inv" 2>/dev/null); \
 	echo "error: inventory file '$$inv' does not exist$${near:+ (did you mean $$near?)}; to start one, copy inventory.example" >&2; exit 2
 
 provision: inventory-exists $(DEV_DEPS)
-	set -f; exec $(VENV)/bin/ansible-playbook -i "$${INVENTORY:-inventory}" playbooks/provision.yml \
+	set -f; exec "$$VENV/bin/ansible-playbook" -i "$${INVENTORY:-inventory}" playbooks/provision.yml \
 	  $${CHECK:+--check --diff} $$ARGS
 
 # Every GPU path of this node once, into one bundle (docs/gpu-proof.md); exit 2 without NVIDIA GPUs.
 gpu-proof: $(RUN_DEPS)
-	set -f; exec $(PY) -m checks.node.gpu_proof $$ARGS
+	set -f; exec "$$VENV/bin/python" -m checks.node.gpu_proof $$ARGS
 
 bench: $(DEV_DEPS)
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	for b in benchmarks/*.py; do "$$VENV/bin/python" "$$b" || exit 1; done
 
 clean:
-	rm -rf $(VENV) reports .cache
+	rm -rf -- "$$VENV" reports .cache

@@ -51,3 +51,28 @@ def test_make_test_runs_two_workers_by_default() -> None:
     proc = _make_test("ARGS=tests/framework/test_lint_config.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "created: 2/2 workers" in proc.stdout, proc.stdout + proc.stderr
+
+
+def _make(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+@pytest.mark.parametrize("target", [["lint"], ["gpu-proof"], ["bench"],
+                                    ["provision", "INVENTORY=inventory.example"]])
+def test_a_crafted_venv_runs_nothing(target, tmp_path) -> None:
+    """VENV reaches every recipe as "$VENV": a value with a command in it is a missing venv."""
+    marker = tmp_path / "p"
+    proc = _make(*target, f"VENV=.no-venv; touch {marker}; true")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert not marker.exists()
+
+
+def test_python_and_torch_pin_are_not_pasted_into_the_venv_recipe(tmp_path) -> None:
+    """-n prints the venv recipe without running it: the user's PYTHON and TORCH_PIN stay in the
+    environment, out of the command line."""
+    proc = _make("-n", "-W", "pyproject.toml", ".venv/.stamp-run",
+                 f"PYTHON=python3; touch {tmp_path}/p", f"TORCH_PIN=torch; touch {tmp_path}/q")
+    assert proc.returncode == 0, proc.stderr
+    assert "touch" not in proc.stdout.replace("touch .venv/.stamp-run", ""), proc.stdout

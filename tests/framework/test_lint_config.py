@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_root_ansible_lint_config_matches_make_lint() -> None:
     root = yaml.safe_load((ROOT / ".ansible-lint").read_text())
     playbooks = yaml.safe_load((ROOT / "playbooks" / ".ansible-lint").read_text())
-    make_profile = re.search(r"ansible-lint --profile (\w+)", (ROOT / "Makefile").read_text())
+    make_profile = re.search(r"ansible-lint\"? --profile (\w+)", (ROOT / "Makefile").read_text())
     assert make_profile, "make lint no longer names an ansible-lint profile"
     assert root["profile"] == playbooks["profile"] == make_profile.group(1)
     excluded = {p.rstrip("/") for p in root["exclude_paths"]}
