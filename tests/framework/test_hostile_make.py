@@ -64,7 +64,7 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_crafted_venv_runs_nothing(target, tmp_path) -> None:
     """VENV reaches every recipe as "$VENV": a value with a command in it is a missing venv."""
     marker = tmp_path / "p"
-    proc = _make(*target, f"VENV=.no-venv; touch {marker}; true")
+    proc = _make(*target, f"VENV=.no-venv`touch {marker}`")
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert not marker.exists()
 
