@@ -295,3 +295,17 @@ class SlurmCluster:
                 return
             time.sleep(0.3)
         raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}; logs in {self.base}")
+
+
+def node_report(tmp_path: Path, base: dict[str, Any], broken: Sequence[Any] = ()) -> Path:
+    """One synthetic host report of node gpu07 (its `broken` faults), written to tmp_path: what
+    the Slurm tests hand `checks.fleet.slurm report`."""
+    import json
+
+    from checks.devtools import synthetic
+
+    [report] = synthetic.build(1, base=base, broken=list(broken))
+    report["host"] = "gpu07.cluster.example"
+    path = tmp_path / "gpu07.json"
+    path.write_text(json.dumps(report))
+    return path

@@ -4,9 +4,8 @@ call) and prints the scontrol commands it would run. In-process, no Slurm cluste
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,6 +13,9 @@ from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
 from checks.fleet import fleet_cli, slurm
 from checks.fleet import slurm_control as control
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurmcluster import node_report
 
 ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
 
@@ -34,12 +36,7 @@ def no_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return calls
 
 
-def _report(tmp_path: Path, base: dict[str, Any], broken: list[Broken] = ()) -> Path:
-    [report] = synthetic.build(1, base=base, broken=broken)
-    report["host"] = "gpu07.cluster.example"
-    path = tmp_path / "gpu07.json"
-    path.write_text(json.dumps(report))
-    return path
+_report = node_report
 
 
 def test_without_dry_run_slurm_is_asked(tmp_path, h100_report, no_slurm, capsys) -> None:

@@ -11,16 +11,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken
 from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, local_cluster, need_cluster, pointed_at
+from slurmcluster import SlurmCluster, local_cluster, need_cluster, node_report, pointed_at
 
 NODES = ("gpu07", "gpu11", "n1")
 ECC = Broken("node0000", "ecc-errors", gpu=5, message="GPU5: 2 volatile uncorrectable ECC errors")
@@ -38,12 +36,7 @@ def slurm_env(cluster, monkeypatch) -> SlurmCluster:
     return pointed_at(cluster, monkeypatch)
 
 
-def _report(tmp_path: Path, base: dict[str, Any], broken: list[Broken] = ()) -> Path:
-    [report] = synthetic.build(1, base=base, broken=broken)
-    report["host"] = "gpu07.cluster.example"
-    path = tmp_path / "gpu07.json"
-    path.write_text(json.dumps(report))
-    return path
+_report = node_report
 
 
 def test_dry_run_prints_the_drain_and_does_nothing(slurm_env, tmp_path, h100_report, capsys) -> None:
