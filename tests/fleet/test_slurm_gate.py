@@ -221,13 +221,16 @@ def test_a_stopped_check_is_killed_and_the_node_drained_by_its_watchdog(
     textfiles = tmp_path / "textfiles"
     assert _scripts(cluster, node, state, "--timeout", "10", "--textfile-dir", str(textfiles),
                     "--", "--simulate", str(scenario)).returncode == 0
+    # the run above left its last check's id: this run's own must be waited for, not that one
+    progress = state / "current-check"
+    progress.unlink(missing_ok=True)
     _only(cluster, node, "nodecert-healthcheck")
     check = _wait_for_pid("checks", "--simulate", str(scenario))
     # the whole run stops once it has started a check: its worker first, then the top process
-    progress = state / "current-check"
     cluster.wait_for(progress.exists, 30, "the run to start a check")
     for worker in [pid for pid in _pids("checks", "--simulate", str(scenario)) if pid != check]:
-        os.kill(worker, signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):  # a worker may end between list and kill
+            os.kill(worker, signal.SIGSTOP)
     os.kill(check, signal.SIGSTOP)
     hung_in = progress.read_text().strip()
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 90, "the drain")
