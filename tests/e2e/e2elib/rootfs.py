@@ -255,7 +255,8 @@ def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
             note = {"kernel": candidate, "meta": f"no: the mirror does not serve {missing}"}
             return [f"linux-image-{candidate}"], note
     raise ArchiveGap(f"the archive serves nvidia-kernel-common-580-server {driver} but no "
-                     f"{MODULES_FOR}-<kernel> built for it yet (Canonical publishes them after the driver)")
+                     f"{MODULES_FOR}-<kernel> built for it that its pool serves yet (Canonical publishes "
+                     f"them after the driver, and mirrors can list files their pool lacks: {missing})")
 
 
 def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_config: str) -> Path:
