@@ -60,11 +60,7 @@ NOT_MEASURED = ("torch did not measure this GPU (hidden by CUDA_VISIBLE_DEVICES,
 
 
 def nvlinks_up(gpu: Gpu) -> int:
-    try:
-        links = gpu.handle.query("nvlink") or []
-    except HardwareError:
-        return 0
-    return sum(1 for link in links if link.get("active"))
+    return len(active_links(gpu))
 
 
 def fabric_clique(gpu: Gpu) -> str | None:
