@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import pytest
 
 from checks.node import rules
@@ -94,3 +97,55 @@ def test_busbw_floor_says_at_which_size_it_is_judged() -> None:
     threshold = busbw_threshold(ctx, 8)
     assert threshold is not None and threshold.value == 400
     assert "judged on the peak busbw of sizes up to 256 MiB" in threshold.source
+
+
+def _h200_context() -> Any:
+    from checks import profiles
+    from checks.hw.fixture import FixtureBackend, load_scenario
+    from checks.node.context import Context, Options
+
+    return Context(FixtureBackend(load_scenario("field-azure-nd96isr-h200-azurehpc134")),
+                   profiles.load("h200"), Options(level="quick"))
+
+
+def test_h200_floor_is_judged_at_the_size_its_source_measured() -> None:
+    """h200's 430 GB/s comes from Azure's gate, which runs all_reduce_perf at 16 GiB only: the
+    sweep that judges it reaches 16 GiB, and the threshold says so; a 4-rank run, judged on a
+    derived floor, keeps the default top (256 MiB)."""
+    from checks.node.suite.collective import busbw_threshold, gpu_sweep
+
+    ctx = _h200_context()
+    sweep = dict(ctx.profile.get("collective.sweep_gpu"))
+    assert sweep["max_bytes"] == 256 << 20
+    assert gpu_sweep(ctx, sweep, 8)["max_bytes"] == 16 << 30
+    assert gpu_sweep(ctx, sweep, 4)["max_bytes"] == 256 << 20
+    threshold = busbw_threshold(ctx, 8)
+    assert threshold is not None and threshold.value == 430
+    assert "judged on the peak busbw of sizes up to 16384 MiB" in threshold.source
+    derived = busbw_threshold(ctx, 4)
+    assert derived is not None and "thresholds.allreduce_busbw_gbs" not in derived.source
+
+
+def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
+    """nccl-allreduce on an 8x H200 node asks its launch for 16 GiB; on 8x H100 SXM, whose floor
+    holds at 256 MiB (the recorded node: 450.9 GB/s there), for 256 MiB."""
+    from checks import profiles
+    from checks.hw.base import NotSupported
+    from checks.hw.fixture import FixtureBackend, load_scenario
+    from checks.node.context import Context, Options
+    from checks.node.suite.collective import nccl_allreduce
+
+    asked: list[int] = []
+
+    class Recording(FixtureBackend):
+        def workload(self, name: str, **params: Any) -> Any:
+            if name == "collectives":
+                asked.append(int(params["sweep"]["max_bytes"]))
+            return super().workload(name, **params)
+
+    for scenario, profile in (("field-azure-nd96isr-h200-azurehpc134", "h200"),
+                              ("h100-sxm-8x-healthy", "h100-sxm")):
+        with contextlib.suppress(NotSupported):  # the H200 recording has no collectives
+            nccl_allreduce(Context(Recording(load_scenario(scenario)), profiles.load(profile),
+                                   Options(level="standard")))
+    assert asked == [16 << 30, 256 << 20]

@@ -27,17 +27,34 @@ FIGURE = {"all_reduce": "allreduce_busbw_gbs", "all_gather": "allgather_busbw_gb
           "reduce_scatter": "reducescatter_busbw_gbs", "broadcast": "broadcast_busbw_gbs"}
 
 
+def _profile_floor_applies(ctx: Context, nranks: int) -> bool:
+    per_node = ctx.profile.get("gpus_per_node")
+    return (ctx.profile.get("thresholds.allreduce_busbw_gbs") is not None
+            and (per_node is None or int(per_node) == nranks))
+
+
+def gpu_sweep(ctx: Context, sweep: dict[str, Any], nranks: int) -> dict[str, Any]:
+    """The GPU sweep, reaching the message size the profile's floor was measured at
+    (collective.floor_bytes) when that floor is the one judged: a floor published at 16 GiB
+    (Azure's gate) is not reached at the default 256 MiB top."""
+    at = ctx.profile.get("collective.floor_bytes")
+    if at and _profile_floor_applies(ctx, nranks) and int(at) > int(sweep.get("max_bytes") or 0):
+        return {**sweep, "max_bytes": int(at)}
+    return dict(sweep)
+
+
 def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
     """The profile's figure when it is for this many GPUs, else one derived from the links the
     GPUs report (the slowest GPU sets the pace of a ring)."""
     p = ctx.profile
     figure = p.get("thresholds.allreduce_busbw_gbs")
     per_node = p.get("gpus_per_node")
-    # The floor is judged against the peak of the GPU sweep, whose largest size is below where
-    # NVLS reaches its own peak on 8 NVSwitch GPUs (2-8 GiB): the source says at which size.
-    top = int((p.get("collective.sweep_gpu") or {}).get("max_bytes") or 0)
+    # The floor is judged against the peak of the GPU sweep up to its largest size: the
+    # profile's floor_bytes (the size its source measured at) when the profile's floor applies,
+    # else sweep_gpu.max_bytes, below where NVLS peaks on 8 NVSwitch GPUs (2-8 GiB).
+    top = int(gpu_sweep(ctx, dict(p.get("collective.sweep_gpu") or {}), nranks).get("max_bytes") or 0)
     judged = f", judged on the peak busbw of sizes up to {top / 2 ** 20:g} MiB" if top else ""
-    if figure is not None and (per_node is None or int(per_node) == nranks):
+    if _profile_floor_applies(ctx, nranks):
         return rules.Threshold(float(figure), f"profile {p.name} thresholds.allreduce_busbw_gbs"
                                               f" ({per_node or nranks} GPUs{judged})")
     try:
@@ -175,6 +192,8 @@ def nccl_allreduce(ctx: Context) -> Result:
             return skip(f"{nproc} ranks on {plat.devices} GPU(s): NCCL needs a GPU of its own "
                         f"for every rank (--nproc at most {plat.devices})")
     sweep = plan.setting(ctx, "collective.sweep", plat)
+    if plat.cuda:
+        sweep = gpu_sweep(ctx, sweep, nproc)
     extra: dict[str, Any] = {}
     with nccl_capture.capture(ctx.options.workdir and f"{ctx.options.workdir}/collective",
                               plat.cuda) as cap:
