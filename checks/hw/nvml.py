@@ -385,17 +385,48 @@ class RealGpu(GpuHandle):
     def _recovery_action(self) -> str:
         """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues: the action the
         driver says this GPU needs (nvml.h, nvmlGpuRecoveryAction_t). The field's own return
-        code is translated like a call's; a driver without the field answers NOT_SUPPORTED."""
+        code is translated like a call's. A driver without it may still have the two fields it
+        replaced (NVML_FI_DEV_RESET_STATUS 226, NVML_FI_DEV_DRAIN_AND_RESET_STATUS 227, which
+        nvidia-ml-py marks "Deprecated use NVML_FI_DEV_GET_GPU_RECOVERY_ACTION instead"): a
+        non-zero drain-and-reset reads as drain_and_reset, a non-zero reset as gpu_reset, both
+        zero as none. A driver with none of the three answers NOT_SUPPORTED."""
         n = self._nvml._n
         field = getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-        if field is None:
-            raise NotSupported("nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
         label = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+        try:
+            if field is None:
+                raise NotSupported("nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+            code = self._field_uint(field, label)
+        except NotSupported as exc:
+            status = self._reset_status()
+            if status is None:
+                raise exc from None
+            return status
+        return RECOVERY_ACTIONS.get(code, f"unknown({code})")
+
+    def _field_uint(self, field: int, label: str) -> int:
+        n = self._nvml._n
         (value,) = self._c(n.nvmlDeviceGetFieldValues, [field], what=label)
         if value.nvmlReturn != n.NVML_SUCCESS:
             raise _translate(n, n.NVMLError(value.nvmlReturn), label)
-        code = int(value.value.uiVal)
-        return RECOVERY_ACTIONS.get(code, f"unknown({code})")
+        return int(value.value.uiVal)
+
+    def _reset_status(self) -> str | None:
+        """The deprecated reset fields as a recovery action; None when neither is supported."""
+        n = self._nvml._n
+        read: dict[str, int] = {}
+        for key, name in (("drain_and_reset", "NVML_FI_DEV_DRAIN_AND_RESET_STATUS"),
+                          ("gpu_reset", "NVML_FI_DEV_RESET_STATUS")):
+            field = getattr(n, name, None)
+            if field is None:
+                continue
+            try:
+                read[key] = self._field_uint(field, f"nvmlDeviceGetFieldValues({name})")
+            except NotSupported:
+                continue
+        if not read:
+            return None
+        return next((key for key, value in read.items() if value), "none")
 
     def _nvlink_remote(self, link: int) -> dict[str, str]:
         """What the far end of an active link is: "remote_type" (gpu, switch, ibmnpu, unknown)

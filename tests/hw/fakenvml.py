@@ -86,6 +86,10 @@ class FakeGpu:
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's value (NVML_GPU_RECOVERY_ACTION_*); None: the
     # field answers NOT_SUPPORTED (a driver before the field)
     recovery_action: int | None = None
+    # the fields it replaced: NVML_FI_DEV_RESET_STATUS / NVML_FI_DEV_DRAIN_AND_RESET_STATUS
+    # (non-zero: needed); None: NOT_SUPPORTED
+    reset_status: int | None = None
+    drain_and_reset_status: int | None = None
     # far end of every link: an NVML_NVLINK_DEVICE_TYPE_* and a bus id; None: NOT_SUPPORTED
     nvlink_remote_type: int | None = None
     nvlink_remote_bus: str | None = None
@@ -565,11 +569,14 @@ class FakeNvmlLibrary:
         # Each field carries its own return code; the call itself succeeds.
         values = (n.c_nvmlFieldValue_t * count).from_address(out)
         for value in values:
-            if (value.fieldId == n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-                    and gpu.recovery_action is not None):
+            answer = {n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: gpu.recovery_action,
+                      n.NVML_FI_DEV_RESET_STATUS: gpu.reset_status,
+                      n.NVML_FI_DEV_DRAIN_AND_RESET_STATUS: gpu.drain_and_reset_status,
+                      }.get(value.fieldId)
+            if answer is not None:
                 value.nvmlReturn = n.NVML_SUCCESS
                 value.valueType = n.NVML_VALUE_TYPE_UNSIGNED_INT
-                value.value.uiVal = gpu.recovery_action
+                value.value.uiVal = answer
             else:
                 value.nvmlReturn = n.NVML_ERROR_NOT_SUPPORTED
         return n.NVML_SUCCESS

@@ -300,6 +300,22 @@ def test_recovery_action_field_not_supported_is_not_supported(fake_nvml: Any) ->
         open_gpu(fake_nvml, FakeGpu()).query("recovery_action")
 
 
+@pytest.mark.parametrize("reset, drain, action", [
+    (0, 0, "none"), (1, 0, "gpu_reset"), (0, 1, "drain_and_reset"), (1, 1, "drain_and_reset"),
+    (1, None, "gpu_reset"), (None, 0, "none")])
+def test_driver_before_recovery_action_reads_the_reset_status_fields(
+        fake_nvml: Any, reset: int | None, drain: int | None, action: str) -> None:
+    """A driver with NVML_FI_DEV_RESET_STATUS / DRAIN_AND_RESET_STATUS but not the recovery
+    action field still says a GPU needs a reset (it SKIPped before)."""
+    gpu = FakeGpu(reset_status=reset, drain_and_reset_status=drain)
+    assert open_gpu(fake_nvml, gpu).query("recovery_action") == action
+
+
+def test_recovery_action_field_wins_over_the_reset_status_fields(fake_nvml: Any) -> None:
+    gpu = FakeGpu(recovery_action=0, reset_status=1)
+    assert open_gpu(fake_nvml, gpu).query("recovery_action") == "none"
+
+
 def test_memory_used_leaves_out_the_drivers_reservation(fake_nvml: Any) -> None:
     """An idle B200: the driver reserves ~700 MiB, no process allocated anything. v1's `used`
     (reserved + allocated) would read 700 MiB as someone's memory; v2's `used` is 0."""

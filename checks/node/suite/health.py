@@ -501,8 +501,9 @@ def gpu_recovery_action(ctx: Context) -> Iterator[Result]:
     """NVML's recovery action for each GPU (nvmlDeviceGetFieldValues,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): NONE passes; GPU_RESET, BUS_RESET, NODE_REBOOT,
     SYSTEM_REBOOT, DRAIN_P2P, DRAIN_AND_RESET and RECOVER_IMEX_DOMAIN FAIL with that remedy,
-    whether or not an XID line reached the kernel log; a value this tool does not know WARNs;
-    a driver without the field SKIPs with the reason."""
+    whether or not an XID line reached the kernel log; a value this tool does not know WARNs.
+    A driver before the field answers through the two fields it replaced (reset required,
+    drain and reset recommended: GPU_RESET / DRAIN_AND_RESET); one with none of them SKIPs."""
 
     def measure(gpu: Gpu) -> Result:
         action = str(gpu.handle.query("recovery_action"))
