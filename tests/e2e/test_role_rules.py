@@ -789,3 +789,64 @@ def test_the_simulation_switches_the_planner_log_off():
     )
     assert purge[5:] == ["remove", "--purge", "nvidia-utils-535-server"]
     assert tasks[0]["check_mode"] is False
+
+
+# --- Holds: one module sets dpkg selections -------------------------------------------------------
+
+# dpkg --set-selections gives up at once when another apt/dpkg run holds dpkg's lock; preflight's
+# nodecert_dpkg_selections waits for it (tests/e2e/test_e2e_dpkg_lock.py). Any other way of setting
+# a selection would bring the unwaited lock back.
+SELECTION_MODULES = {"ansible.builtin.dpkg_selections", "ansible.legacy.dpkg_selections", "dpkg_selections"}
+COMMAND_MODULES = {
+    f"{prefix}{name}" for prefix in ("", "ansible.builtin.", "ansible.legacy.")
+    for name in ("command", "shell", "raw", "script")
+}
+# Over the task's arguments as JSON: an argv list's words are separated by '", "'.
+SETS_A_SELECTION = re.compile(r'apt-mark[\s",]+(un)?hold|--set-selections')
+
+
+def selection_offenders(items, where: str = "") -> list[str]:
+    """Tasks (also in blocks, plays and handlers) that set a dpkg selection other than through
+    nodecert_dpkg_selections."""
+    found = []
+    for item in items or []:
+        if not isinstance(item, dict):
+            continue
+        name = f"{where}{item.get('name', '?')}"
+        if SELECTION_MODULES & set(item):
+            found.append(name)
+        if any(SETS_A_SELECTION.search(json.dumps(item[key])) for key in COMMAND_MODULES & set(item)):
+            found.append(name)
+        for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+            found += selection_offenders(item.get(key), f"{name} > ")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("task", "offends"),
+    [
+        ({"name": "a", "nodecert_dpkg_selections": {"name": ["x"], "selection": "hold"}}, False),
+        ({"name": "a", "ansible.builtin.dpkg_selections": {"name": "x", "selection": "hold"}}, True),
+        ({"name": "a", "dpkg_selections": {"name": "x", "selection": "install"}}, True),
+        ({"name": "a", "ansible.builtin.command": {"argv": ["apt-mark", "hold", "x"]}}, True),
+        ({"name": "a", "ansible.builtin.shell": "echo x hold | dpkg --set-selections"}, True),
+        ({"name": "a", "ansible.builtin.command": {"argv": ["dpkg", "--get-selections"]}}, False),
+        ({"name": "p", "hosts": "all", "tasks": [{"name": "b", "block": [
+            {"name": "c", "ansible.builtin.command": "apt-mark unhold x"}]}]}, True),
+    ],
+)
+def test_the_selection_rule_tells_the_ways_apart(task, offends):
+    assert bool(selection_offenders([task])) is offends
+
+
+def test_no_task_sets_a_selection_outside_the_shared_module():
+    yaml = __import__("yaml")
+    playbooks = roletemplate.ROLES.parent
+    offenders, shared = [], 0
+    for path in sorted(playbooks.rglob("*.yml")):
+        loaded = yaml.safe_load(path.read_text())
+        if isinstance(loaded, list):
+            offenders += selection_offenders(loaded, f"{path.relative_to(playbooks)}: ")
+            shared += path.read_text().count("nodecert_dpkg_selections:")
+    assert offenders == []
+    assert shared >= 11  # the module is in use: the rule did read the roles' tasks

@@ -35,41 +35,10 @@ waited:
   type: float
 """
 
-import fcntl
-import os
-import struct
-import time
+import time  # noqa: E402 (Ansible modules put DOCUMENTATION first)
 
-from ansible.module_utils.basic import AnsibleModule
-
-# struct flock on Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid.
-FLOCK_FORMAT = "hhqqi"
-
-
-def lock_holder(path: str) -> int | None:
-    """PID holding a conflicting lock on path (0 when unknown), None when the lock is free."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return None
-    try:
-        query = struct.pack(FLOCK_FORMAT, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
-    finally:
-        os.close(fd)
-    l_type, _, _, _, l_pid = struct.unpack(FLOCK_FORMAT, answer)
-    return None if l_type == fcntl.F_UNLCK else l_pid
-
-
-def describe(pid: int) -> str:
-    if pid <= 0:
-        return "a process in another PID namespace"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        command = "?"
-    return f"PID {pid} ({command or '?'})"
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible modules put DOCUMENTATION first)
+from ansible.module_utils.nodecert_dpkg_lock import APT_LOCKS, describe_held, held_locks  # noqa: E402 (Ansible modules put DOCUMENTATION first)
 
 
 def main() -> None:
@@ -78,7 +47,7 @@ def main() -> None:
             "paths": {
                 "type": "list",
                 "elements": "path",
-                "default": ["/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock"],
+                "default": list(APT_LOCKS),
             },
             "timeout": {"type": "int", "default": 300},
             "interval": {"type": "float", "default": 2},
@@ -88,11 +57,11 @@ def main() -> None:
     start = time.monotonic()
     deadline = start + module.params["timeout"]
     while True:
-        held = {path: pid for path in module.params["paths"] if (pid := lock_holder(path)) is not None}
+        held = held_locks(module.params["paths"])
         if not held:
             module.exit_json(changed=False, waited=round(time.monotonic() - start, 1))
         if time.monotonic() >= deadline:
-            holders = "; ".join(f"{path} held by {describe(pid)}" for path, pid in held.items())
+            holders = describe_held(held)
             module.fail_json(
                 msg=(
                     f"apt/dpkg is still locked after {module.params['timeout']} s: {holders}. "
