@@ -10,6 +10,7 @@ straggler, drift, digest mismatch, lemon), 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import sys
@@ -26,7 +27,9 @@ from checks.fleet import fleet_junit as junit
 from checks.fleet import fleet_terminal as terminal
 from checks.report import aggregate, load
 from checks.report import load as loader
+from checks.report import summary as summary_
 from checks.report.aggregate import Fleet
+from checks.supervise import pool
 
 EXIT_USAGE = 2
 
@@ -81,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {history.DEFAULT_FAILURES})")
     r.add_argument("--lemon-runs", type=int, default=history.DEFAULT_RUNS, metavar="M",
                    help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
+    r.add_argument("--jobs", type=int, metavar="N",
+                   help="processes that read and validate the reports (default: one per 64 reports, "
+                        "at most the usable CPUs and 16; 1: this process only); the output is the "
+                        "same whatever N")
     r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
     r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     r.add_argument("--format", choices=("table", "compact"), default="table",
@@ -157,7 +164,13 @@ def _render_crosshost(cross: crosshost.Analysis, console: Console) -> None:
 def _checked_something(found: list[loader.HostReport]) -> list[loader.HostReport]:
     """A report that holds no checks verified nothing: its host is an ERROR, never a PASS."""
     return [loader.HostReport(f.host, None, "report holds no checks: nothing was verified", f.path)
-            if f.report is not None and not f.report.get("checks") else f for f in found]
+            if f.report is not None and not summary_.holds_checks(f.report) else f for f in found]
+
+
+def _reader(jobs: int | None) -> aggregate.Mapper:
+    """The map that reads the reports: in a pool of processes (checks.supervise.pool), results in
+    the order of the files."""
+    return functools.partial(pool.ordered_map, workers=jobs)
 
 
 def _aggregate(found: list[loader.HostReport], directory: Path, expected: list[str] | None,
@@ -235,10 +248,12 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
         raise UsageError("need 1 <= --lemon-failures <= --lemon-runs")
     if args.prometheus_host_files and not args.prometheus_dir:
         raise UsageError("--prometheus-host-files needs --prometheus-dir")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
     expected, errors = _expected(args), _host_errors(args.host_errors)
     cross = crosshost.merge(directory)
     with loader.gc_paused():
-        found, outside = _outside(_checked_something(aggregate.read(directory)),
+        found, outside = _outside(_checked_something(aggregate.read(directory, _reader(args.jobs))),
                                   expected if args.inventory else None, errors)
     if outside:
         err.print(f"warning: {len(outside)} report(s) from hosts outside the inventory, not counted: "

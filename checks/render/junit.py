@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from checks import safeio
 
 
-def to_xml(reports: list[dict[str, Any]]) -> ET.Element:
+def to_xml(reports: Iterable[Mapping[str, Any]]) -> ET.Element:
     root = ET.Element("testsuites", name="nodecert")
     for report in reports:
         suite = ET.SubElement(root, "testsuite", name=report["host"],

@@ -333,7 +333,8 @@ def write_fleet(fleet: Fleet, directory: str | Path, *, host_files: bool = False
     paths = [write([], directory / FLEET_FILE, fleet)]
     if host_files:
         status = {h.host: h.status for h in fleet.hosts}
-        paths.extend(write([r], safeio.confined(directory, host_file(r["host"])), fleet_status=status)
+        # dict(r): a packed summary's checks unpacked once for the host's file, not per metric
+        paths.extend(write([dict(r)], safeio.confined(directory, host_file(r["host"])), fleet_status=status)
                      for r in fleet.reports)
     else:
         for old in directory.glob("nodecert-*.prom"):

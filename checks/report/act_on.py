@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,7 @@ def _gpu_key(ref: GpuRef | None) -> Any:
     return None if ref is None else (ref.index, ref.pci) if ref.index is not None or ref.pci else ref.uuid
 
 
-def _serials(report: dict[str, Any]) -> dict[Any, str]:
+def _serials(report: Mapping[str, Any]) -> dict[Any, str]:
     found: dict[Any, str] = {}
     for chk in report.get("checks", []):
         for r in chk["results"]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ class Fleet:
             for lemon in lemons if lemon.uuid in where])
 
     @property
-    def reports(self) -> list[dict[str, Any]]:
+    def reports(self) -> list[Mapping[str, Any]]:
         """The readable reports, each with `host` set to the fleet's name for it: their summaries
         (summary.py, same shape) when the fleet was read from a directory (read, load)."""
         return [h.report for h in self.hosts if h.report is not None]
@@ -154,18 +154,46 @@ def straggler_pct(profile_name: str) -> float:
     return float(value) if isinstance(value, int | float) else strag.DEFAULT_PCT
 
 
-def _spread(entries: list[HostEntry]) -> list[CheckSpread]:
+# One check a host did not pass: id, code, title, the worst status and its message, the GPUs
+SpreadRow = tuple[str, str, str, str, str, list[str]]
+
+
+def spread_rows(report: Mapping[str, Any]) -> list[SpreadRow]:
+    """The checks of one report with a FAIL, ERROR or WARN result, as _spread lists them."""
+    rows = []
+    for chk in report.get("checks", []):
+        bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
+        if not bad:
+            continue
+        worst = max(bad, key=lambda r: Status(r["status"]).severity)
+        gpus = sorted({ref.label() for r in bad if (ref := figs.GpuRef.from_device(r.get("device")))})
+        rows.append((chk["id"], chk["code"], chk["title"], worst["status"], worst["message"], gpus))
+    return rows
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the aggregation reads of a host's checks, taken once while the whole report is at
+    hand (the summary it keeps packs its checks away: summary.Packed)."""
+
+    spread: list[SpreadRow]
+    digests: list[tuple[digests_.GroupKey, digests_.Entry]]
+    nvl72: bool  # it is an NVL72 tray with a fabric identity (nvl72.trays)
+
+    @classmethod
+    def of(cls, host: str, report: Mapping[str, Any]) -> Facts:
+        return cls(spread_rows(report), list(digests_.entries_of(host, report)),
+                   bool(nvl72.trays([(host, report)])))
+
+
+def _spread(entries: list[HostEntry], facts: Mapping[str, Facts]) -> list[CheckSpread]:
     spreads: dict[str, CheckSpread] = {}
     for entry in entries:
-        for chk in (entry.report or {}).get("checks", []):
-            bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
-            if not bad:
-                continue
-            worst = max(bad, key=lambda r: Status(r["status"]).severity)
-            gpus = sorted({ref.label() for r in bad if (ref := figs.GpuRef.from_device(r.get("device")))})
-            spread = spreads.setdefault(chk["id"], CheckSpread(chk["id"], chk["code"], chk["title"], []))
-            spread.occurrences.append(Occurrence(entry.host, worst["status"], worst["message"], gpus))
-            entry.problems.append(chk["id"])
+        row = facts.get(entry.host)
+        for check, code, title, status, message, gpus in row.spread if row else ():
+            spread = spreads.setdefault(check, CheckSpread(check, code, title, []))
+            spread.occurrences.append(Occurrence(entry.host, status, message, gpus))
+            entry.problems.append(check)
     order = {"FAIL": 0, "ERROR": 1, "WARN": 2}
     return sorted(spreads.values(), key=lambda c: (order[c.status], -len(c.occurrences), c.check))
 
@@ -222,7 +250,7 @@ def _add_findings(hosts: list[HostEntry], kind: str, found: list[tuple[str, Find
     _fold(hosts, ((host, f.status) for host, f in found))
 
 
-def finished_at(report: dict[str, Any]) -> float | None:
+def finished_at(report: Mapping[str, Any]) -> float | None:
     """When a report's run finished (Unix time), None without a readable start time."""
     try:
         started = dt.datetime.fromisoformat(report["started_at"])
@@ -247,7 +275,7 @@ def _fold(hosts: list[HostEntry], verdicts: Iterable[tuple[str, str]]) -> None:
             entry.status = "WARN"
 
 
-def _host_status(report: dict[str, Any]) -> str:
+def _host_status(report: Mapping[str, Any]) -> str:
     if report["verdict"] == "FAIL":
         return "FAIL"
     return "WARN" if report["summary"].get("WARN") else "PASS"
@@ -255,33 +283,59 @@ def _host_status(report: dict[str, Any]) -> str:
 
 @dataclass
 class Summarised(loader.HostReport):
-    """A host report as the fleet keeps it: `report` is its summary (summary.py) and `published`
-    the figures and curves taken from the whole report before it was reduced."""
+    """A host report as the fleet keeps it: `report` is its packed summary (summary.py),
+    `published` the figures and curves and `facts` what the aggregation reads of its checks, both
+    taken from the whole report before it was reduced."""
 
+    # the loader's HostReport holds a parsed dict; a Summarised one its packed summary
+    report: Mapping[str, Any] | None  # type: ignore[assignment]
     published: list[figs.Figure | figs.Curve] = field(default_factory=list)
+    facts: Facts | None = None
 
 
-def read(directory: Path) -> list[loader.HostReport]:
-    """Every report in `directory` (loader.read: checked, validated), each reduced to its summary
-    as soon as it is read: one whole report in memory at a time, whatever the fleet's size."""
-    validate, compactor = loader.validator(), summary_.Compactor()
-    found: list[loader.HostReport] = []
+_compactor: summary_.Compactor | None = None
+
+
+def read_one(path: Path) -> loader.HostReport | None:
+    """One report file read, checked and validated (loader.read), then reduced to what the fleet
+    keeps of it; None for a fleet summary. A module-level function, so that a process pool can
+    run it (read's `map_`): what it returns is all it hands back."""
+    global _compactor
+    item = loader.read(path, validate=loader.validator())
+    if item is None or item.report is None:
+        return item
+    if _compactor is None:  # strings shared across the reports this process reads
+        _compactor = summary_.Compactor()
+    report = item.report
+    return Summarised(item.host, summary_.pack(_compactor.compact(report)), None, item.path,
+                      list(figs.extract(item.host, report)), Facts.of(item.host, report))
+
+
+Mapper = Callable[[Callable[[Path], "loader.HostReport | None"], list[Path]],
+                  Iterable["loader.HostReport | None"]]
+
+
+def read(directory: Path, map_: Mapper | None = None) -> list[loader.HostReport]:
+    """Every report in `directory` (read_one: checked, validated, reduced to its summary as soon
+    as it is read): one whole report in memory at a time per process, whatever the fleet's size.
+    `map_` (the builtin map by default) may run read_one in other processes; it must yield the
+    results in the order of the paths, so every output is the same either way."""
+    paths = sorted(directory.glob("*.json"), key=lambda p: p.name)  # one directory: as sorting Paths
     with loader.gc_paused():
-        for path in sorted(directory.glob("*.json")):
-            item = loader.read(path, validate=validate)
-            if item is None:
-                continue
-            if item.report is not None:
-                item = Summarised(item.host, compactor.compact(item.report), None, item.path,
-                                  list(figs.extract(item.host, item.report)))
-            found.append(item)
+        found = [item for item in (map_ or map)(read_one, paths) if item is not None]
     return loader.flag_duplicates(found)
 
 
-def _published(item: loader.HostReport, report: dict[str, Any]) -> list[figs.Figure | figs.Curve]:
-    if isinstance(item, Summarised):
-        return item.published
-    return list(figs.extract(item.host, report))
+def _kept(item: loader.HostReport, report: Mapping[str, Any]) -> tuple[list[figs.Figure | figs.Curve], Facts]:
+    if isinstance(item, Summarised) and item.facts is not None:
+        return item.published, item.facts
+    return list(figs.extract(item.host, report)), Facts.of(item.host, report)
+
+
+def _with_host(report: Mapping[str, Any], host: str) -> Mapping[str, Any]:
+    if isinstance(report, summary_.Packed):
+        return report.with_host(host)
+    return {**report, "host": host}
 
 
 def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[str] | None = None,
@@ -292,23 +346,25 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     host_errors = dict(host_errors or {})
     entries: dict[str, HostEntry] = {}
     published: dict[str, list[figs.Figure | figs.Curve]] = {}
+    facts: dict[str, Facts] = {}
     for item in found:
         if item.report is None:
             entries[item.host] = HostEntry(item.host, "ERROR", item.error or "report unreadable")
             continue
-        report = {**item.report, "host": item.host}
+        report = _with_host(item.report, item.host)
         entries[item.host] = HostEntry(
             item.host, _host_status(report), host_errors.get(item.host), item.report["host"],
             report["profile"]["name"], dict(report["summary"]), report=report,
             report_finished_at=finished_at(report))
-        published[item.host] = _published(item, item.report)
+        published[item.host], facts[item.host] = _kept(item, item.report)
     for host in [*(expected_hosts or ()), *host_errors]:
         if host not in entries:
             entries[host] = HostEntry(host, "MISSING", host_errors.get(host) or "no report")
     hosts = sorted(entries.values(), key=lambda h: h.host)
-    by_check = _spread(hosts)
+    by_check = _spread(hosts, facts)
     # NVL72 trays of one NVLink domain must agree on cluster UUID, clique and IMEX node list.
-    domain = nvl72.find((h.host, h.report) for h in hosts if h.report is not None)
+    domain = nvl72.find((h.host, h.report) for h in hosts
+                        if h.report is not None and h.host in facts and facts[h.host].nvl72)
     if domain:
         by_check.insert(0, CheckSpread(nvl72.CHECK_ID, nvl72.CODE, nvl72.TITLE,
                                        [Occurrence(f.host, f.status, f.message, []) for f in domain]))
@@ -331,7 +387,8 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
     stats, stragglers = strag.find(groups, straggler_pct)
     stragglers = strag.not_finite(broken, stats, profile_of.__getitem__, straggler_pct) + stragglers
     _add_findings(hosts, "straggler", [(s.host, _straggler_finding(s)) for s in stragglers])
-    digest_analysis = digests_.analyse(hosts)
+    digest_analysis = digests_.analyse_entries(
+        pair for h in hosts if h.host in facts for pair in facts[h.host].digests)
     _add_findings(hosts, "digest", [(odd.host, _digest_finding(odd)) for odd in digest_analysis.odd])
 
     if run_id is None:
@@ -346,12 +403,12 @@ def from_reports(reports: Iterable[dict[str, Any]], **kw: Any) -> Fleet:
     return aggregate((loader.HostReport(r["host"], r) for r in reports), **kw)
 
 
-def load(directory: str | Path, **kw: Any) -> Fleet:
+def load(directory: str | Path, map_: Mapper | None = None, **kw: Any) -> Fleet:
     """Load and aggregate reports/<run-id>/*.json; the run id defaults to the directory name.
-    Streams: the fleet holds each host's summary (read), never the whole reports."""
+    Streams: the fleet holds each host's summary (read, with `map_`), never the whole reports."""
     directory = Path(directory)
     with loader.gc_paused():
-        fleet = aggregate(read(directory), source=str(directory), **kw)
+        fleet = aggregate(read(directory, map_), source=str(directory), **kw)
     if fleet.run_id is None:
         fleet.run_id = directory.name
     return fleet

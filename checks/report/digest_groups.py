@@ -16,7 +16,7 @@ own check already fails GPUs that disagree there).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +101,7 @@ def _text(value: Any) -> str:
     return "?" if value is None or value == "" else str(value)
 
 
-def entries_of(host: str, report: dict[str, Any]) -> Iterable[tuple[GroupKey, Entry]]:
+def entries_of(host: str, report: Mapping[str, Any]) -> Iterable[tuple[GroupKey, Entry]]:
     """The GPU digests one report publishes, each with its group key. CPU-only results (no
     device) are information on the node and are not compared across the fleet."""
     system = report.get("system") or {}
@@ -120,11 +120,15 @@ def entries_of(host: str, report: dict[str, Any]) -> Iterable[tuple[GroupKey, En
 
 
 def analyse(hosts: Iterable[HostEntry]) -> Analysis:
+    return analyse_entries(pair for h in hosts if h.report is not None
+                           for pair in entries_of(h.host, h.report))
+
+
+def analyse_entries(pairs: Iterable[tuple[GroupKey, Entry]]) -> Analysis:
+    """The groups and odd GPUs of the digests `pairs` (entries_of, host after host)."""
     by_key: dict[GroupKey, list[Entry]] = {}
-    for h in hosts:
-        if h.report is not None:
-            for key, entry in entries_of(h.host, h.report):
-                by_key.setdefault(key, []).append(entry)
+    for key, entry in pairs:
+        by_key.setdefault(key, []).append(entry)
     groups, odd = [], []
     for key in sorted(by_key, key=lambda k: (k.model, k.driver, k.cuda, k.torch, k.reference)):
         entries = by_key[key]

@@ -13,7 +13,7 @@ the plots: e.g. ``nccl-allreduce`` gives ``[{"bytes": 8, "busbw_gbs": ..., "algb
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ def _is_number(value: Any) -> bool:
     return _is_real(value) and value == value
 
 
-def extract(host: str, report: dict[str, Any]) -> Iterator[Figure | Curve]:
+def extract(host: str, report: Mapping[str, Any]) -> Iterator[Figure | Curve]:
     """Every figure and curve a report publishes; malformed entries are ignored, not fatal."""
     for chk in report["checks"]:
         for result in chk["results"]:

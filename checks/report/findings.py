@@ -4,6 +4,7 @@ the digest comparison (digest_groups.py), so that none of them imports another f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,7 @@ class HostEntry:
     profile: str | None = None
     summary: dict[str, int] | None = None
     problems: list[str] = field(default_factory=list)  # check ids with FAIL/ERROR/WARN results
-    report: dict[str, Any] | None = None
+    report: Mapping[str, Any] | None = None  # a summary.Packed when read from a directory
     findings: list[Finding] = field(default_factory=list)  # fleet-level verdicts on this host
     # When its newest report finished (Unix time): this run's report, else the last one the
     # history holds; None when no report of it was ever seen.

@@ -15,7 +15,7 @@ of its domain; aggregate.py turns them into the fleet check below.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ class Finding:
     message: str
 
 
-def _details(report: dict[str, Any], check_id: str,
+def _details(report: Mapping[str, Any], check_id: str,
              statuses: tuple[str, ...] = ("PASS", "WARN", "FAIL", "ERROR")) -> dict[str, Any] | None:
     """The details of the first result of `check_id` with one of `statuses` that has any."""
     for chk in report.get("checks", []):
@@ -55,7 +55,7 @@ def _details(report: dict[str, Any], check_id: str,
     return None
 
 
-def trays(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[Tray]:
+def trays(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Tray]:
     """The hosts whose report has a complete tray-level fabric identity."""
     found = []
     for host, report in reports:
@@ -83,7 +83,7 @@ def _short(uuid: str) -> str:
     return uuid.split("-", 1)[0] + "-..."
 
 
-def find(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[Finding]:
+def find(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Finding]:
     """Trays that disagree with their domain, one finding per tray, sorted by host."""
     all_trays = trays(reports)
     messages: dict[str, list[str]] = {}

@@ -1,0 +1,56 @@
+"""A bounded process pool for work that is pure computation over files (the fleet controller
+parsing and validating thousands of host reports): results come back in the order of the inputs,
+so what is built from them is the same as with one process.
+
+The pool's processes are forked from the caller (the modules it imported are there already), run
+nothing but the given function, and are gone when ordered_map's iterator is exhausted or closed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_WORKERS = 16  # past this, the parent folding the results in order is the bottleneck
+MIN_PER_WORKER = 64  # fewer items than this per process: starting it costs more than it saves
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as a container or taskset sets it)."""
+    process_cpu_count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if process_cpu_count is not None:
+        return int(process_cpu_count() or 1)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def workers_for(n_items: int, limit: int | None = None) -> int:
+    """Processes worth starting for `n_items`: at most the usable CPUs, MAX_WORKERS and `limit`,
+    at least MIN_PER_WORKER items each; 1 means "do it in this process"."""
+    most = min(usable_cpus(), MAX_WORKERS, limit or MAX_WORKERS)
+    return max(1, min(most, n_items // MIN_PER_WORKER))
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,
+                chunksize: int = 16) -> Iterator[R]:
+    """fn over items, in `workers` forked processes (workers_for by default), in input order.
+    One worker means the builtin map in this process. `fn` must be a module-level function and
+    its results picklable."""
+    items = list(items)
+    n = workers_for(len(items)) if workers is None else max(1, workers)
+    if n == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(fn, items)
+        return
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+    try:
+        yield from pool.map(fn, items, chunksize=chunksize)
+    finally:  # also when the caller stops early: what was not started never starts
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,111 @@
+"""The controller reads a run's reports in a pool of processes (checks.supervise.pool) and keeps
+each host's summary packed (checks.report.summary.Packed): the outputs are the same as when one
+process reads them, whatever the number of processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.devtools import synthetic
+from checks.devtools.synthetic import Broken, Slow
+from checks.fleet.fleet_cli import main
+from checks.report import aggregate, summary
+from checks.supervise import pool
+
+
+def _pid(_: int) -> int:
+    return os.getpid()
+
+
+def test_ordered_map_runs_in_other_processes_and_keeps_the_order() -> None:
+    numbers = range(-40, 40)
+    assert list(pool.ordered_map(abs, numbers, workers=3, chunksize=4)) == [abs(i) for i in numbers]
+    pids = set(pool.ordered_map(_pid, range(64), workers=2, chunksize=1))
+    assert os.getpid() not in pids and pids
+    assert set(pool.ordered_map(_pid, range(8), workers=1)) == {os.getpid()}  # one: no pool
+
+
+def test_workers_are_bounded_by_the_cpus_and_the_work() -> None:
+    assert pool.workers_for(10) == 1  # not worth a process
+    assert pool.workers_for(pool.MIN_PER_WORKER * 2, limit=1) == 1
+    many = pool.workers_for(1_000_000)
+    assert 1 <= many <= min(pool.usable_cpus(), pool.MAX_WORKERS)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, h100_report: dict[str, Any]) -> Path:
+    """20 hosts: a straggler, two failed checks, a lost GPU, an odd digest, an unreadable file."""
+    reports = synthetic.build(18, base=h100_report, slow=[Slow("node0002", "matmul_bf16_tflops", 0.8, gpu=1)],
+                              broken=[Broken("node0004", "gpu-count"),
+                                      Broken("node0005", "ecc-errors", gpu=2)])
+    synthetic.add_digests(reports[7], {3: "f" * 64}, default="0" * 64)
+    for r in reports[:7] + reports[8:]:
+        synthetic.add_digests(r, {}, default="0" * 64)
+    reports += synthetic.build(1, base=synthetic.base_report("node-gpu-lost"))
+    reports[-1]["host"] = "node0019"
+    directory = synthetic.write(reports, tmp_path_factory.mktemp("pool") / "run-1")
+    (directory / "node0020.json").write_text('{"schema": "nodecert-report", truncated')
+    return directory
+
+
+def _outputs(run: Path, out: Path, jobs: str) -> dict[str, Any]:
+    out.mkdir()
+    rc = main(["report", str(run), "-q", "--no-history", "--jobs", jobs, "--json", str(out / "fleet.json"),
+               "--junit", str(out / "junit.xml"), "--html", str(out / "fleet.html"),
+               "--prometheus-dir", str(out / "prom"), "--prometheus-host-files"])
+    fleet = json.loads((out / "fleet.json").read_text())
+    fleet.pop("generated_at")
+    html = re.sub(r"generated [0-9T:-]+Z", "generated (time)", (out / "fleet.html").read_text())
+    return {"rc": rc, "fleet": fleet, "junit": (out / "junit.xml").read_bytes(),
+            "html": html,
+            "prom": {p.name: p.read_bytes() for p in sorted((out / "prom").iterdir())
+                     if p.name != "nodecert-fleet.prom"}}
+
+
+def test_pooled_and_single_process_reading_give_the_same_outputs(run_dir: Path, tmp_path: Path) -> None:
+    single, pooled = _outputs(run_dir, tmp_path / "one", "1"), _outputs(run_dir, tmp_path / "three", "3")
+    assert single["rc"] == pooled["rc"] == 1
+    assert single["fleet"] == pooled["fleet"]
+    statuses = {h["host"]: h["status"] for h in single["fleet"]["hosts"]}
+    assert statuses["node0004"] == statuses["node0005"] == statuses["node0019"] == "FAIL"
+    assert statuses["node0020"] == "ERROR" and statuses["node0002"] == "FAIL"  # straggler
+    assert [o["host"] for o in single["fleet"]["digests"]["odd"]] == ["node0007"]
+    assert single["junit"] == pooled["junit"]
+    assert single["prom"] == pooled["prom"] and len(single["prom"]) == 19  # one per readable report
+    assert single["html"] == pooled["html"]
+
+
+def test_a_packed_summary_reads_as_the_summary_it_packs(h100_report: dict[str, Any]) -> None:
+    whole = json.loads(json.dumps(h100_report))
+    compact = summary.Compactor().compact(whole)
+    assert dict(summary.pack(compact)) == compact
+    compact["checks"][0]["results"][0]["value"] = math.nan
+    packed = summary.pack(compact)
+    checks = packed["checks"]
+    assert math.isnan(checks[0]["results"][0]["value"])  # kept bit for bit, not as null
+    checks[0]["results"][0]["value"] = 1.0
+    assert math.isnan(packed["checks"][0]["results"][0]["value"])  # each read is a fresh copy
+    assert packed["verdict"] == whole["verdict"] and "checks" in packed and len(packed) == len(compact)
+    assert summary.holds_checks(packed) and not summary.holds_checks(summary.pack({**compact, "checks": []}))
+    renamed = packed.with_host("other")
+    assert renamed["host"] == "other" and packed["host"] == whole["host"]
+
+
+def test_the_fleet_holds_packed_summaries(run_dir: Path) -> None:
+    fleet = aggregate.load(run_dir)
+    kept = [h.report for h in fleet.hosts if h.report is not None]
+    assert len(kept) == 19 and all(isinstance(r, summary.Packed) for r in kept)
+    assert all(r["host"] == h.host for h in fleet.hosts if (r := h.report) is not None)
+
+
+def test_jobs_below_one_is_a_usage_error(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run_dir), "--no-history", "--jobs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --jobs 0") and err.count("\n") == 1
