@@ -4,8 +4,10 @@ and write one bundle, DIR/ and DIR.tar.gz, that can become a shipped scenario (d
 Phases, each timed (wall seconds) and its exit code kept, all in this process (the checks and the
 trainer start their own ranks): the recording (`record --redact`), the standard check run with its
 JSON report (NVML reads, P2P matrix, collectives sweep, matmul per dtype, HBM bandwidth, occupancy,
-the acceptance jobs), every trainer job at `small` and at `large`, and the throughput job. A host
-without an NVIDIA GPU (NVML cannot start, or counts none) is one `error:` line and exit 2.
+the acceptance jobs), the collectives' peak sweep (all-reduce, all-gather, reduce-scatter,
+all-to-all and broadcast from 1 MiB to 8 GiB, past where NVLS peaks: `collectives-peak.json`),
+every trainer job at `small` and at `large`, and the throughput job. A host without an NVIDIA GPU
+(NVML cannot start, or counts none) is one `error:` line and exit 2.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Wall-clock share of the 8-minute target each long phase gets (seconds).
 CHECKS_BUDGET_S = 240
 TRAINER_TIMEOUT_S = 90
+PEAK_TIMEOUT_S = 120
+# The peak sweep: the check's own sweep stops at 256 MiB (or the profile's floor_bytes), below
+# where NCCL's NVLS all-reduce peaks on 8 NVSwitch GPUs (2-8 GiB; nccl-tests#212 in the shared
+# notes: sizes must go past 256 MB); from 1 MiB, as the small sizes are in the report already.
+PEAK_SWEEP = {"min_bytes": 1 << 20, "max_bytes": 8 << 30, "factor": 2, "warmup": 5, "iters": 20,
+              "check_iters": 1, "check_elems": 1048579}
+PEAK_OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +68,32 @@ def environment(driver: dict[str, Any]) -> dict[str, Any]:
             "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def phases(out: Path) -> list[tuple[str, Callable[[], int]]]:
+def collectives_peak(out: Path, gpus: int) -> int:
+    """One NCCL rank per GPU through the check's own launcher, every op swept to PEAK_SWEEP's
+    top; writes the curves and, per op, the peak busbw and the size it was reached at."""
+    from checks.hw.measure import busbw, collective_run
+
+    if gpus < 2:
+        (out / "collectives-peak.json").write_text(json.dumps(
+            {"skipped": f"{gpus} GPU: a collective needs two ranks"}, indent=2) + "\n")
+        return EXIT_OK
+    m = collective_run.run(nproc=gpus, sweep=PEAK_SWEEP, backend="nccl", ops=PEAK_OPS,
+                           timeout_s=PEAK_TIMEOUT_S)
+    ops = m.get("ops") or {}
+    peaks = {}
+    for op, rows in ops.items():
+        best = max(rows, key=lambda r: float(r["busbw_gbs"]), default=None)
+        if best is not None:
+            peaks[op] = {"busbw_gbs": round(busbw.peak_busbw(rows), 3), "at_bytes": int(best["bytes"])}
+    (out / "collectives-peak.json").write_text(json.dumps(
+        {"sweep": PEAK_SWEEP, "ops": PEAK_OPS, "world_size": gpus, "ok": bool(m.get("ok")),
+         "summary": m.get("summary"), "errors": m.get("errors") or [], "peaks": peaks,
+         "curves": ops, "table": m.get("table", "")}, indent=2) + "\n")
+    wrong = m.get("errors") or any(int(r.get("wrong", 0)) for rows in ops.values() for r in rows)
+    return EXIT_OK if m.get("ok") and not wrong and set(peaks) == set(PEAK_OPS) else EXIT_FAILED
+
+
+def phases(out: Path, gpus: int = 0) -> list[tuple[str, Callable[[], int]]]:
     """(name, run) of every phase, in order; each run returns its CLI's exit code."""
     from checks.node import node_cli, record
     from trainer import trainer_cli
@@ -72,6 +106,7 @@ def phases(out: Path) -> list[tuple[str, Callable[[], int]]]:
         ("record", lambda: record.main([str(out / "recording.yaml"), "--redact", "--force"])),
         ("checks", lambda: node_cli.main(["--level", "standard", "--budget", f"{CHECKS_BUDGET_S}s",
                                           "--json", str(out / "report.json")])),
+        ("collectives-peak", lambda: collectives_peak(out, gpus)),
         trainer("trainer-small", ["all", "--size", "small"]),
         trainer("trainer-large", ["all", "--size", "large"]),
         trainer("throughput", ["throughput", "--size", "large"]),
@@ -104,7 +139,7 @@ def write_bundle(out: Path, env: dict[str, Any], rows: list[dict[str, Any]]) -> 
 
 
 def main(argv: Sequence[str] | None = None,
-         todo: Callable[[Path], list[tuple[str, Callable[[], int]]]] = phases) -> int:
+         todo: Callable[[Path, int], list[tuple[str, Callable[[], int]]]] = phases) -> int:
     args = cliutil.parse(build_parser(), argv)
     if isinstance(args, int):
         return args
@@ -123,7 +158,7 @@ def main(argv: Sequence[str] | None = None,
     except OSError as exc:
         print(f"error: cannot create {out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    rows = run_phases(out, todo(out))
+    rows = run_phases(out, todo(out, count))
     tarball = write_bundle(out, environment(driver), rows)
     print(f"gpu-proof: {count} GPU(s), bundle {out} and {tarball}", file=sys.stderr)
     return EXIT_OK if all(r["exit_code"] == 0 for r in rows) else EXIT_FAILED

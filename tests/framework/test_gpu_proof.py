@@ -50,7 +50,7 @@ def test_bundle_layout_and_exit_code(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (2, {"driver": "580.95.05",
                                                               "cuda_driver": 13000}))
 
-    def fake_phases(out: Path):
+    def fake_phases(out: Path, gpus: int):
         def record() -> int:
             (out / "recording.yaml").write_text("gpus: []\n")
             return 0
@@ -77,7 +77,7 @@ def test_bundle_layout_and_exit_code(monkeypatch, tmp_path):
 
 def test_bundle_all_phases_passed_is_exit_0(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda: (1, {}))
-    assert gpu_proof.main([str(tmp_path / "b")], todo=lambda out: [("checks", lambda: 0)]) == 0
+    assert gpu_proof.main([str(tmp_path / "b")], todo=lambda out, gpus: [("checks", lambda: 0)]) == 0
 
 
 def test_existing_bundle_dir_is_refused(monkeypatch, tmp_path, capsys):
@@ -87,5 +87,52 @@ def test_existing_bundle_dir_is_refused(monkeypatch, tmp_path, capsys):
 
 
 def test_phases_name_every_gpu_path(tmp_path):
-    names = [name for name, _ in gpu_proof.phases(tmp_path)]
-    assert names == ["record", "checks", "trainer-small", "trainer-large", "throughput"]
+    names = [name for name, _ in gpu_proof.phases(tmp_path, 8)]
+    assert names == ["record", "checks", "collectives-peak", "trainer-small", "trainer-large",
+                     "throughput"]
+
+
+def _curve(op: str, peak_at: int) -> list[dict]:
+    """A sweep 1 MiB .. 8 GiB whose busbw rises until `peak_at` bytes, then flattens a little."""
+    rows, size = [], 1 << 20
+    while size <= 8 << 30:
+        bw = 100.0 * min(size, peak_at) / peak_at - (0.5 if size > peak_at else 0.0)
+        rows.append({"bytes": size, "busbw_gbs": bw, "algbw_gbs": bw, "time_us": 1.0, "wrong": 0})
+        size *= 2
+    return rows
+
+
+def test_collectives_peak_sweeps_every_op_past_the_nvls_peak(monkeypatch, tmp_path):
+    """The peak phase asks the launcher for one rank per GPU, every op including all-to-all, up to
+    8 GiB (the check's own sweep stops at 256 MiB), and writes each op's peak and its size."""
+    from checks.hw.measure import collective_run
+
+    asked = {}
+
+    def fake_run(**kw):
+        asked.update(kw)
+        return {"ok": True, "summary": "8 ranks finished", "errors": [], "table": "",
+                "ops": {op: _curve(op, 4 << 30) for op in kw["ops"]}}
+
+    monkeypatch.setattr(collective_run, "run", fake_run)
+    assert gpu_proof.collectives_peak(tmp_path, 8) == 0
+    assert asked["nproc"] == 8 and asked["backend"] == "nccl"
+    assert set(asked["ops"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                 "broadcast"}
+    assert asked["sweep"]["max_bytes"] >= 8 << 30 > 256 << 20
+    written = json.loads((tmp_path / "collectives-peak.json").read_text())
+    assert written["peaks"]["all_to_all"] == {"busbw_gbs": 100.0, "at_bytes": 4 << 30}
+    assert len(written["curves"]["all_reduce"]) == 14  # 1 MiB .. 8 GiB
+
+
+def test_collectives_peak_fails_on_wrong_data_and_skips_one_gpu(monkeypatch, tmp_path):
+    from checks.hw.measure import collective_run
+
+    bad = _curve("all_reduce", 1 << 30)
+    bad[3]["wrong"] = 2
+    monkeypatch.setattr(collective_run, "run", lambda **kw: {
+        "ok": True, "errors": [], "ops": {op: bad for op in kw["ops"]}})
+    assert gpu_proof.collectives_peak(tmp_path, 4) == 1
+    monkeypatch.setattr(collective_run, "run", lambda **kw: pytest.fail("one GPU: no launch"))
+    assert gpu_proof.collectives_peak(tmp_path, 1) == 0
+    assert "skipped" in json.loads((tmp_path / "collectives-peak.json").read_text())

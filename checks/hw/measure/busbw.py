@@ -12,16 +12,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-REDOP = {"all_reduce": "sum", "reduce_scatter": "sum", "all_gather": "none", "broadcast": "none"}
+# Every op the sweep can time: the check sweeps OPS; gpu-proof's peak sweep adds all-to-all.
+SWEPT_OPS = (*OPS, "all_to_all")
+REDOP = {"all_reduce": "sum", "reduce_scatter": "sum", "all_gather": "none", "broadcast": "none",
+         "all_to_all": "none"}
 
 
 def bus_factor(op: str, nranks: int) -> float:
-    """all-reduce 2(n-1)/n; all-gather and reduce-scatter (n-1)/n; broadcast 1."""
+    """all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n (nccl-tests
+    doc/PERFORMANCE.md: each rank sends all but its own block); broadcast 1."""
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks}")
     if op == "all_reduce":
         return 2 * (nranks - 1) / nranks
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (nranks - 1) / nranks
     if op == "broadcast":
         return 1.0
@@ -42,7 +46,7 @@ def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
 def elements_for(op: str, size_bytes: int, nranks: int, elem_bytes: int = 4) -> int:
     """Element count of the whole buffer: all-gather/reduce-scatter need a multiple of nranks."""
     count = max(1, size_bytes // elem_bytes)
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         count = max(nranks, count // nranks * nranks)
     return count
 

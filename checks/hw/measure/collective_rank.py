@@ -194,6 +194,9 @@ class Collectives:
         elif op == "reduce_scatter":
             src, out = torch.zeros(count, device=dev), torch.zeros(count // n, device=dev)
             fn = lambda: _REDUCE_SCATTER(out, src)  # noqa: E731
+        elif op == "all_to_all":
+            src, out = torch.zeros(count, device=dev), torch.zeros(count, device=dev)
+            fn = lambda: dist.all_to_all_single(out, src)  # noqa: E731
         else:
             buf = torch.zeros(count, device=dev)
             fn = lambda: dist.broadcast(buf, src=0)  # noqa: E731
@@ -303,7 +306,7 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
         for op in ops:
             errors += correctness(c, rank, op, args.check_iters, count)
         exact, skipped = [], {}
-        for op in [o for o in args.exact_ops.split(",") if o]:
+        for op in [o for o in args.exact_ops.split(",") if o and o not in ops]:
             why = float8_unsupported(device) if op == "all_gather_float8" else None
             if why:
                 skipped[op] = why

@@ -24,7 +24,8 @@ REMEDY_SLOW = ("check nvlink (links down), fabric-manager, pcie-link (downtraine
                "variables that disable transports (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, "
                "NCCL_NVLS_ENABLE=0), and that no other job shares the GPUs")
 FIGURE = {"all_reduce": "allreduce_busbw_gbs", "all_gather": "allgather_busbw_gbs",
-          "reduce_scatter": "reducescatter_busbw_gbs", "broadcast": "broadcast_busbw_gbs"}
+          "reduce_scatter": "reducescatter_busbw_gbs", "broadcast": "broadcast_busbw_gbs",
+          "all_to_all": "alltoall_busbw_gbs"}
 
 
 def _profile_floor_applies(ctx: Context, nranks: int) -> bool:
