@@ -39,6 +39,7 @@ CASES = [
     Case("node-h100-pcie"),
     Case("node-h100-nvl-pair"),
     Case("node-h200-nvl"),
+    Case("node-gh200-480gb-ogkm911"),
     # Faulty variants.
     # XID 94 is a contained error (catalog: RESTART_APP): it warns; the ECC and remap checks fail.
     Case("node-vm-h100-1gpu-ecc",
