@@ -290,6 +290,74 @@ def dcgm_packages(version: str = DCGM_VERSION) -> list[Package]:
     ]
 
 
+# A driver moved out of band (test_e2e_driver_moved): a node's own flat source next to the
+# stand-in (an -updates pocket, a site mirror) to which a test publishes other builds of a branch.
+# Versions from Ubuntu's noble archive on 2026-12-04: the 580 build it served, and the one the
+# kernels' modules were still built for (no longer served: -updates lists the newest build only).
+ARCHIVE_DRIVER_2026_12_04 = "580.196.07"
+MODULES_DRIVER_2026_12_04 = "580.178.04"
+
+
+def canonical_user_space(branch: str, version: str, suffix: str = "-open") -> list[Package]:
+    """Canonical's user-space packages of one build of a branch, shaped as stand_in_packages has
+    them (utils, kernel-common, compute-utils, headless-no-dkms of one flavour), at another version."""
+    deb_version = f"{version}-0ubuntu1"
+    return [
+        Package(
+            f"nvidia-utils-{branch}-server",
+            deb_version,
+            files={"usr/bin/nvidia-smi": _script(f"""
+                echo "NVIDIA-SMI stand-in   Driver Version: {version}"
+                echo "No devices were found" >&2
+                exit 6
+            """)},
+        ),
+        Package(f"nvidia-kernel-common-{branch}-server", deb_version),
+        Package(
+            f"nvidia-compute-utils-{branch}-server",
+            deb_version,
+            files={
+                "lib/systemd/system/nvidia-persistenced.service": (
+                    "[Unit]\nDescription=NVIDIA Persistence Daemon\n\n[Service]\nType=forking\n"
+                    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
+                    "--no-persistence-mode --verbose\n",
+                    0o644,
+                ),
+                "usr/bin/nvidia-persistenced": _script("exit 0\n"),
+            },
+        ),
+        Package(
+            f"nvidia-headless-no-dkms-{branch}-server{suffix}",
+            deb_version,
+            depends=[f"nvidia-compute-utils-{branch}-server (= {deb_version})"],
+        ),
+    ]
+
+
+def precompiled_modules(branch: str, kernel: str, built_for: str, suffix: str = "-open") -> Package:
+    """Canonical's linux-modules-nvidia-<branch>-server[-open]-<kernel>, pinned to the driver it
+    was built for as MODULES_GAP_KERNEL's are, with its nvidia.ko."""
+    return Package(
+        f"linux-modules-nvidia-{branch}-server{suffix}-{kernel}",
+        f"{kernel.removesuffix('-generic').replace('-', '.')}+1",
+        depends=[f"nvidia-kernel-common-{branch}-server (<= {built_for}-1), "
+                 f"nvidia-kernel-common-{branch}-server (>= {built_for})"],
+        files={f"lib/modules/{kernel}/kernel/nvidia-{branch}srv{suffix}/nvidia.ko": ("stand-in\n", 0o644)},
+    )
+
+
+def publish_flat(directory: Path, packages: list[Package], workdir: Path) -> None:
+    """(Re)publish an unsigned flat repository (a source with [trusted=yes]) holding exactly these
+    packages: what it listed before and does not list now is gone from it."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    for package in packages:
+        build_deb(package, workdir, directory)
+    shutil.rmtree(workdir, ignore_errors=True)
+    _index(directory, "Driver updates stand-in", "Driver updates stand-in")
+
+
 def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[Package]:
     packages: list[Package] = []
     kernels = (kernel_release, PENDING_KERNEL)
