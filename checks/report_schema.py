@@ -66,12 +66,16 @@ def host_problem(name: object) -> str | None:
     return None
 
 
+_RANK = {str(s): s.severity for s in Status}
+
+
 def consistency_problem(report: dict[str, Any]) -> str | None:
     """A schema-valid report whose check statuses, summary, verdict or exit code do not follow
     from its results: the verdict is recomputed, never taken on the report's word."""
     counts: Counter[str] = Counter()
+    rank = _RANK.__getitem__  # the schema has proved every status one of Status (no Status() per result)
     for chk in report["checks"]:
-        worst = max((Status(r["status"]) for r in chk["results"]), key=lambda s: s.severity)
+        worst = Status(max((r["status"] for r in chk["results"]), key=rank))
         if chk["status"] != worst:
             return f"check {chk['id']} says {chk['status']} but its results say {worst}"
         counts[worst] += 1

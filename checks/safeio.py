@@ -40,7 +40,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PRIVATE = 0o600
@@ -187,7 +187,9 @@ def _refuse_unless_regular(text: str, path: Path) -> None:
         raise OSError(errno.EEXIST, "not a regular file; only regular files are replaced", text)
 
 
-def write_bytes(path: str | Path, data: bytes, *, mode: int = PRIVATE) -> Path:
+def write_bytes(path: str | Path, data: bytes | Iterable[bytes], *, mode: int = PRIVATE) -> Path:
+    """Replace `path` with `data`: bytes, or the file's bytes in pieces, written as they come (a
+    large output is never held whole); the file appears complete or not at all."""
     _refuse_unless_regular(os.fspath(path), Path(path))
     path = Path(path)
     try:
@@ -197,7 +199,7 @@ def write_bytes(path: str | Path, data: bytes, *, mode: int = PRIVATE) -> Path:
         raise kind(exc.errno, exc.strerror or str(exc), str(path)) from None
 
 
-def _write(path: Path, data: bytes, mode: int) -> Path:
+def _write(path: Path, data: bytes | Iterable[bytes], mode: int) -> Path:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -205,9 +207,10 @@ def _write(path: Path, data: bytes, mode: int) -> Path:
         try:
             if mode != PRIVATE:
                 os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for piece in [data] if isinstance(data, bytes) else data:
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)

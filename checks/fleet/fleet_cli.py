@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -219,11 +218,9 @@ def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostR
 
 def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | None) -> list[Path]:
     outputs = []
-    if args.json:
-        summary = fleet.to_dict()
-        if outside is not None:  # an inventory was given
-            summary["outside_inventory"] = outside
-        outputs.append(safeio.write_text(args.json, json.dumps(summary, indent=2) + "\n"))
+    if args.json:  # written host by host, as the JUnit file
+        extra = {} if outside is None else {"outside_inventory": outside}  # an inventory was given
+        outputs.append(safeio.write_bytes(args.json, (c.encode() for c in fleet.json_chunks(extra))))
     if args.html:
         from checks.render import html
 

@@ -10,58 +10,84 @@ of them (each names its cause: property `caused_by`, and its message says so), t
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
+from checks import safeio
 from checks.render import junit
 from checks.report import act_on
 from checks.report.aggregate import Fleet
+from checks.report.findings import HostEntry
 
 
 def _bump(suite: ET.Element, attr: str) -> None:
     suite.set(attr, str(int(suite.get(attr, "0")) + 1))
 
 
-def to_xml(fleet: Fleet) -> ET.Element:
-    root = junit.to_xml(fleet.reports)
-    suites = {s.get("name"): s for s in root.iter("testsuite")}
-    for h in fleet.hosts:
-        for f in h.findings if h.host in suites else ():
-            suite = suites[h.host]
-            where = f.gpu.label() if f.gpu else "host"
-            what = f"{f.check}/{f.figure}" if f.figure else f.check
-            case = ET.SubElement(suite, "testcase", classname=f"{h.host}.fleet",
-                                 name=f"{f.kind} {what} {where}", time="0")
-            if f.status == "FAIL":
-                ET.SubElement(case, "failure", message=f.reason, type=f.kind).text = f.reason
-                _bump(suite, "failures")
-            else:
-                ET.SubElement(ET.SubElement(case, "properties"), "property", name="status", value="WARN")
-                ET.SubElement(case, "system-out").text = f.reason
-            _bump(suite, "tests")
-    for h in fleet.hosts:
-        if h.report is None:
-            suite = ET.SubElement(root, "testsuite", name=h.host, tests="1", failures="0",
-                                  errors="1", skipped="0", time="0")
-            case = ET.SubElement(suite, "testcase", classname=f"{h.host}.fleet", name="report", time="0")
-            ET.SubElement(case, "error", message=h.reason or h.status, type=h.status).text = h.reason
-    _order(root, fleet)
-    return root
+def _findings(suite: ET.Element, h: HostEntry) -> None:
+    for f in h.findings:
+        where = f.gpu.label() if f.gpu else "host"
+        what = f"{f.check}/{f.figure}" if f.figure else f.check
+        case = ET.SubElement(suite, "testcase", classname=f"{h.host}.fleet",
+                             name=f"{f.kind} {what} {where}", time="0")
+        if f.status == "FAIL":
+            ET.SubElement(case, "failure", message=f.reason, type=f.kind).text = f.reason
+            _bump(suite, "failures")
+        else:
+            ET.SubElement(ET.SubElement(case, "properties"), "property", name="status", value="WARN")
+            ET.SubElement(case, "system-out").text = f.reason
+        _bump(suite, "tests")
 
 
-def _order(root: ET.Element, fleet: Fleet) -> None:
+def _suite(h: HostEntry) -> ET.Element:
+    if h.report is None:
+        suite = ET.Element("testsuite", name=h.host, tests="1", failures="0", errors="1", skipped="0",
+                           time="0")
+        case = ET.SubElement(suite, "testcase", classname=f"{h.host}.fleet", name="report", time="0")
+        ET.SubElement(case, "error", message=h.reason or h.status, type=h.status).text = h.reason
+        return suite
+    suite = junit.to_xml([dict(h.report)])[0]  # dict(): a packed summary's checks unpacked once
+    _findings(suite, h)
+    return suite
+
+
+def suites(fleet: Fleet) -> Iterator[ET.Element]:
+    """The fleet's test suites, one host at a time, in the order an operator acts: the hosts to
+    act on first (act_on's order), then the others in the fleet's order, the hosts without a
+    report after those with one."""
     found = act_on.rows(fleet.hosts)
     folded = act_on.folded_checks(found)
     host_rank: dict[str, int] = {}
+    by_host: dict[str, list[act_on.Row]] = {}
     for i, row in enumerate(found):
         host_rank.setdefault(row.host, i)
-    suites = list(root)
-    by_host: dict[str, list[act_on.Row]] = {}
-    for row in found:
         by_host.setdefault(row.host, []).append(row)
-    for suite in suites:
-        if suite.get("name") in by_host:  # a host with nothing to act on keeps its order
-            _order_cases(suite, by_host[suite.get("name") or ""], folded)
-    root[:] = sorted(suites, key=lambda s: host_rank.get(s.get("name") or "", len(found)))
+    hosts = [h for h in fleet.hosts if h.report is not None] + [h for h in fleet.hosts if h.report is None]
+    for h in sorted(hosts, key=lambda h: host_rank.get(h.host, len(found))):
+        suite = _suite(h)
+        if h.host in by_host:  # a host with nothing to act on keeps its order
+            _order_cases(suite, by_host[h.host], folded)
+        yield suite
+
+
+def to_xml(fleet: Fleet) -> ET.Element:
+    root = ET.Element("testsuites", name="nodecert")
+    root.extend(suites(fleet))
+    return root
+
+
+def chunks(fleet: Fleet) -> Iterator[bytes]:
+    """The JUnit file as junit.write_tree writes to_xml's tree (sanitised, indented), one suite
+    at a time: the fleet's XML is never built whole (10 000 hosts' suites hold every result's
+    message)."""
+    yield b"<?xml version='1.0' encoding='utf-8'?>\n"
+    before = b'<testsuites name="nodecert">\n  '
+    for suite in suites(fleet):
+        junit.sanitise(suite)
+        ET.indent(suite, space="  ", level=1)
+        yield before + ET.tostring(suite, encoding="unicode").encode("utf-8")
+        before = b"\n  "
+    yield b'<testsuites name="nodecert" />' if before.startswith(b"<") else b"\n</testsuites>"
 
 
 def _order_cases(suite: ET.Element, found: list[act_on.Row], folded: dict[tuple[str, str], str]) -> None:
@@ -103,4 +129,4 @@ def _property(case: ET.Element, name: str, value: str) -> None:
 
 
 def write(fleet: Fleet, path: str | Path) -> Path:
-    return junit.write_tree(to_xml(fleet), path)
+    return safeio.write_bytes(path, chunks(fleet))

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,25 @@ class Fleet:
         return [h.report for h in self.hosts if h.report is not None]
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict([h.to_dict() for h in self.hosts])
+
+    def json_chunks(self, extra: Mapping[str, Any] | None = None) -> Iterator[str]:
+        """json.dumps({**to_dict(), **extra}, indent=2) + "\n", one host entry at a time (the
+        hosts' entries are never all built at once)."""
+        head = {**self._dict([]), **(extra or {})}
+        yield "{"
+        for i, (key, value) in enumerate(head.items()):
+            yield f"{',' if i else ''}\n  {json.dumps(key)}: "
+            if key == "hosts" and self.hosts:
+                for j, h in enumerate(self.hosts):
+                    entry = json.dumps(h.to_dict(), indent=2).replace("\n", "\n    ")
+                    yield f"{',' if j else '['}\n    {entry}"
+                yield "\n  ]"
+            else:
+                yield json.dumps(value, indent=2).replace("\n", "\n  ")
+        yield "\n}\n"
+
+    def _dict(self, hosts: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "schema": loader.FLEET_SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id, "history_run": self.history_run,
@@ -135,7 +155,7 @@ class Fleet:
             "straggler_rule": {"default_pct": strag.DEFAULT_PCT, "warn_fraction": strag.WARN_FRACTION,
                                "min_peers": strag.MIN_PEERS},
             "verdict": self.verdict, "exit_code": self.exit_code, "summary": self.summary,
-            "hosts": [h.to_dict() for h in self.hosts],
+            "hosts": hosts,
             "by_check": [c.to_dict() for c in self.by_check],
             "figures": [s.to_dict() for s in self.figure_stats],
             "stragglers": [s.to_dict() for s in self.stragglers],

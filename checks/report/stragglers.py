@@ -102,10 +102,12 @@ def classify(deficit: float, threshold_pct: float) -> str | None:
 
 def group(figures: Iterable[Figure], profile_of: Callable[[str], str]) -> dict[PeerKey, list[Figure]]:
     """Figures by peer group; `profile_of(host)` names the host's GPU model profile."""
-    groups: dict[PeerKey, list[Figure]] = defaultdict(list)
+    # keyed by plain tuples while grouping (a dataclass key hashes and compares in Python: 2 s
+    # for 10 000 hosts' 180 000 figures), the same order as sorting the PeerKeys' fields
+    groups: dict[tuple[str, str, str, str], list[Figure]] = defaultdict(list)
     for fig in figures:
-        groups[PeerKey(fig.check, fig.name, profile_of(fig.host), "gpu" if fig.gpu else "host")].append(fig)
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0].check, kv[0].name, kv[0].profile, kv[0].scope)))
+        groups[(fig.check, fig.name, profile_of(fig.host), "gpu" if fig.gpu else "host")].append(fig)
+    return {PeerKey(*key): members for key, members in sorted(groups.items(), key=lambda kv: kv[0])}
 
 
 def find(groups: dict[PeerKey, list[Figure]],
@@ -121,10 +123,12 @@ def find(groups: dict[PeerKey, list[Figure]],
         stats.append(FigureStats(key, len(values), median, min(values), max(values), pct))
         if len(values) < MIN_PEERS or median <= 0:
             continue
-        better_high = higher_is_better(key.name)
-        for fig in members:
-            deficit = deficit_pct(fig.value, median, better_high)
-            status = classify(deficit, pct)
+        # deficit_pct's arithmetic, one list per group; classify only past its lower limit
+        deficits = ([100.0 * (median - v) / median for v in values] if higher_is_better(key.name)
+                    else [100.0 * (v - median) / median for v in values])
+        low = min(pct, pct * WARN_FRACTION)
+        for fig, deficit in zip(members, deficits, strict=True):
+            status = classify(deficit, pct) if deficit > low else None
             if status:
                 stragglers.append(Straggler(fig.host, fig.check, fig.name, fig.gpu, fig.value,
                                             median, deficit, pct, status))

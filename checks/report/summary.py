@@ -13,14 +13,14 @@ its figures and curves extracted, and then reduced by `compact` to a summary of 
 - nothing of a result that WARNed, FAILed or ERRORed, nor of the checks whose details the NVL72
   domain reads.
 
-Identical strings are kept once across the fleet (check ids, titles, messages, units; a list of
-strings, a check's tags, becomes one shared tuple), and one
-device mapping per GPU is shared by all its results in the host's summary: a summary is read,
-never written to.
+Identical top-level strings are kept once across the fleet, and one device mapping per GPU is
+shared by all its results in the host's summary: a summary is read, never written to. The fleet
+holds each summary packed (Packed): its checks as one compressed pickle, unpacked when read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import zlib
 from collections.abc import Iterator, Mapping
@@ -41,23 +41,18 @@ TOP_LEVEL_DROPPED = frozenset({"checks", "system", "environment"})
 
 
 class Compactor:
-    """Reduces reports one at a time; strings seen before are shared (one per fleet). Written
-    for speed (it runs on each of 10 000 reports' 162 results): one pass, lookups bound once."""
+    """Reduces reports one at a time. Top-level strings seen before are shared (one per fleet);
+    the checks are packed away (Packed), where one host's results share each GPU's device
+    mapping. Written for speed (it runs on each of 10 000 reports' 162 results): one pass, no
+    per-string work inside the checks."""
 
     def __init__(self) -> None:
         self._strings: dict[str, str] = {}
-        self._lists: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def _text(self, value: Any) -> Any:
         return self._strings.setdefault(value, value) if type(value) is str else value
 
-    def _tags(self, value: Any) -> Any:
-        if type(value) is list and all(type(v) is str for v in value):
-            key = tuple(value)
-            return self._lists.setdefault(key, key)
-        return value
-
-    def compact(self, report: dict[str, Any]) -> dict[str, Any]:
+    def compact(self, report: Mapping[str, Any]) -> dict[str, Any]:
         """The summary of a report that passed the loader's checks (schema-valid)."""
         text = self._text
         out = {k: text(v) for k, v in report.items() if k not in TOP_LEVEL_DROPPED}
@@ -65,36 +60,36 @@ class Compactor:
         if isinstance(system, dict):
             out["system"] = {k: text(v) for k, v in system.items() if not isinstance(v, dict | list)}
         devices: dict[Any, Any] = {}
-        out["checks"] = [
-            {**{k: text(v) if k != "tags" else self._tags(v) for k, v in chk.items() if k != "results"},
-             "results": (chk.get("results", []) if chk.get("id") in WHOLE_CHECKS
-                         else [self._result(r, devices) for r in chk.get("results", [])])}
-            for chk in report.get("checks", [])]
+        checks = []
+        for chk in report.get("checks", []):
+            slim = {k: v for k, v in chk.items() if k != "results"}
+            results = chk.get("results", [])
+            slim["results"] = (results if chk.get("id") in WHOLE_CHECKS
+                               else [_slim(r, devices) for r in results])
+            checks.append(slim)
+        out["checks"] = checks
         return out
 
-    def _result(self, result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
-        status = result.get("status")
-        if status not in SLIMMED:
-            return result
-        text = self._text
-        device = result.get("device")
-        if type(device) is dict:
-            try:
-                items = tuple(device.items())
-                device = devices.get(items) or devices.setdefault(items, {k: text(v) for k, v in items})
-            except TypeError:  # a nested value: not shared
-                pass
-        out = {"status": status, "message": text(result.get("message")), "device": device}
-        for key in KEPT_WHEN_SET:
-            value = result.get(key)
-            if value is not None:
-                out[key] = text(value)
-        details = result.get("details")
-        if details and type(details) is dict:
-            kept = {k: v for k, v in details.items() if k in KEPT_DETAILS}
-            if kept:
-                out["details"] = kept
-        return out
+
+def _slim(result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
+    status = result.get("status")
+    if status not in SLIMMED:
+        return result
+    device = result.get("device")
+    if type(device) is dict:
+        with contextlib.suppress(TypeError):  # a nested value: not shared
+            device = devices.setdefault(tuple(device.items()), device)
+    out = {"status": status, "message": result.get("message"), "device": device}
+    for key in KEPT_WHEN_SET:
+        value = result.get(key)
+        if value is not None:
+            out[key] = value
+    details = result.get("details")
+    if details and type(details) is dict:
+        kept = {k: v for k, v in details.items() if k in KEPT_DETAILS}
+        if kept:
+            out["details"] = kept
+    return out
 
 
 class Packed(Mapping[str, Any]):

@@ -109,3 +109,22 @@ def test_jobs_below_one_is_a_usage_error(run_dir: Path, capsys: pytest.CaptureFi
     assert main(["report", str(run_dir), "--no-history", "--jobs", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --jobs 0") and err.count("\n") == 1
+
+
+def test_junit_and_fleet_json_are_written_host_by_host_as_whole_trees_were(run_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    from checks.fleet import fleet_junit
+    from checks.render import junit
+
+    fleet = aggregate.load(run_dir, expected_hosts=["node0021"], host_errors={"node0022": "unreachable"})
+    pieces = list(fleet_junit.chunks(fleet))
+    assert len(pieces) == len(fleet.hosts) + 2  # the declaration, one piece per host, the end
+    whole = junit.write_tree(fleet_junit.to_xml(fleet), tmp_path / "whole.xml").read_bytes()
+    assert b"".join(pieces) == whole
+    assert fleet_junit.write(fleet, tmp_path / "streamed.xml").read_bytes() == whole
+    for extra in ({}, {"outside_inventory": ["intruder7"]}):
+        assert "".join(fleet.json_chunks(extra)) == json.dumps({**fleet.to_dict(), **extra}, indent=2) + "\n"
+    fleet.hosts = []
+    assert "".join(fleet.json_chunks()) == json.dumps(fleet.to_dict(), indent=2) + "\n"
+    assert b"".join(fleet_junit.chunks(fleet)) == junit.write_tree(fleet_junit.to_xml(fleet),
+                                                                    tmp_path / "empty.xml").read_bytes()
