@@ -128,7 +128,8 @@ def test_h200_floor_is_judged_at_the_size_its_source_measured() -> None:
 
 def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
     """nccl-allreduce on an 8x H200 node asks its launch for 16 GiB; on 8x H100 SXM, whose floor
-    holds at 256 MiB (the recorded node: 450.9 GB/s there), for 256 MiB."""
+    holds at 256 MiB (the recorded node: 450.9 GB/s there), for 256 MiB; on a GB200 tray for
+    8 GiB."""
     from checks import profiles
     from checks.hw.base import NotSupported
     from checks.hw.fixture import FixtureBackend, load_scenario
@@ -144,8 +145,10 @@ def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
             return super().workload(name, **params)
 
     for scenario, profile in (("field-azure-nd96isr-h200-azurehpc134", "h200"),
-                              ("h100-sxm-8x-healthy", "h100-sxm")):
+                              ("h100-sxm-8x-healthy", "h100-sxm"),
+                              ("blackwell-gb200-tray-healthy", "gb200-nvl72")):
         with contextlib.suppress(NotSupported):  # the H200 recording has no collectives
             nccl_allreduce(Context(Recording(load_scenario(scenario)), profiles.load(profile),
                                    Options(level="standard")))
-    assert asked == [16 << 30, 256 << 20]
+    # gb200-nvl72's tray floor (612) is Azure's ring figure at 8 GB
+    assert asked == [16 << 30, 256 << 20, 8 << 30]
