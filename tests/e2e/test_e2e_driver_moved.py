@@ -30,6 +30,13 @@ KERNELS = {"driver-moved": "6.96.0-5-generic", "driver-pin-gone": "6.95.0-6-gene
 UPDATES = "srv/driver-updates"  # each root's own source, inside the root
 USER_SPACE = tuple(package.name for package in aptrepo.canonical_user_space(BRANCH, NEWER))
 TAGS = "preflight,nvidia_driver"
+# A binary package only the newer build has (modelled: a source package that gains a binary in a
+# point release), pinned to it exactly: no pin to go back to, so apt has to remove it.
+NEWER_ONLY = aptrepo.Package(
+    f"libnvidia-newer-only-{BRANCH}-server",
+    f"{NEWER}-0ubuntu1",
+    depends=[f"nvidia-kernel-common-{BRANCH}-server (= {NEWER}-0ubuntu1)"],
+)
 
 
 def modules(host: str) -> str:
@@ -52,6 +59,11 @@ def installed(root: Path) -> dict[str, str]:
     }
 
 
+def snapshot(root: Path, host: str) -> dict[str, str]:
+    """installed(), and whether the kernel has its nvidia.ko."""
+    return {**installed(root), "nvidia.ko": "present" if nvidia_ko(root, host).exists() else "missing"}
+
+
 def said(host: str, moved_to: str, pin: str) -> str:
     return (
         f"driver moved out of band on {host}: user space {moved_to} (pinned {pin}), no {modules(host)}, "
@@ -59,7 +71,7 @@ def said(host: str, moved_to: str, pin: str) -> str:
     )
 
 
-def admin_moves_the_driver(root: Path) -> None:
+def admin_moves_the_driver(root: Path, *extra: str) -> None:
     """What the admin did by hand: lift the holds, read the updated source, install the newer
     user space (apt removes the kernel's modules, which depend on the old build)."""
     held = [name for name in runner.in_root(root, "apt-mark", "showhold").stdout.split() if "nvidia" in name]
@@ -76,7 +88,7 @@ def admin_moves_the_driver(root: Path) -> None:
         "-o",
         "APT::Get::List-Cleanup=0",
     )
-    runner.in_root(root, "apt-get", "install", "-y", "-q", *USER_SPACE)
+    runner.in_root(root, "apt-get", "install", "-y", "-q", *USER_SPACE, *extra)
 
 
 @dataclass
@@ -128,10 +140,7 @@ def moved(
         return runner.run_playbook("provision.yml", inventory, home, *args, forks=2)
 
     first = run("--tags", f"{TAGS},cuda_toolkit")
-    provisioned = {
-        host: {**installed(root), "nvidia.ko": "present" if nvidia_ko(root, host).exists() else "missing"}
-        for host, root in roots.items()
-    }
+    provisioned = {host: snapshot(root, host) for host, root in roots.items()}
     if first.rc != 0:
         return Moved(roots, first, provisioned, {})
     # The source now lists the newer build; driver-pin-gone's drops the build its modules need.
@@ -140,6 +149,7 @@ def moved(
         [
             aptrepo.precompiled_modules(BRANCH, KERNELS["driver-moved"], PINNED),
             *aptrepo.canonical_user_space(BRANCH, NEWER),
+            NEWER_ONLY,
         ],
     )
     publish(
@@ -149,11 +159,11 @@ def moved(
             aptrepo.precompiled_modules(BRANCH, KERNELS["driver-pin-gone"], GONE),
         ],
     )
-    for root in roots.values():
-        admin_moves_the_driver(root)
-    state = Moved(roots, first, provisioned, {host: installed(root) for host, root in roots.items()})
+    admin_moves_the_driver(roots["driver-moved"], NEWER_ONLY.name)
+    admin_moves_the_driver(roots["driver-pin-gone"])
+    state = Moved(roots, first, provisioned, {host: snapshot(root, host) for host, root in roots.items()})
     state.check = run("--check", "--tags", TAGS, "-e", "provision_max_fail_percentage=100")
-    state.after_check = {host: installed(root) for host, root in roots.items()}
+    state.after_check = {host: snapshot(root, host) for host, root in roots.items()}
     state.rerun = run("--tags", TAGS, "-e", "provision_max_fail_percentage=100")
     state.again = run("--tags", TAGS, "--limit", "driver-moved")
     print(
@@ -182,7 +192,8 @@ def test_the_admins_move_removed_the_kernels_modules(moved):
         assert {name: packages.get(name) for name in USER_SPACE} == dict.fromkeys(
             USER_SPACE, f"{NEWER}-0ubuntu1 install"
         ), packages
-        assert modules(host) not in packages, packages
+        assert modules(host) not in packages and packages["nvidia.ko"] == "missing", packages
+    assert moved.moved["driver-moved"].get(NEWER_ONLY.name) == f"{NEWER}-0ubuntu1 install"
 
 
 def test_check_mode_says_what_moved_and_changes_nothing(moved):
@@ -216,6 +227,8 @@ def test_rerun_says_it_once_and_brings_the_node_back_to_its_pins(moved):
     ), packages
     assert packages.get(modules("driver-moved"), "").endswith(" hold"), packages
     assert nvidia_ko(root, "driver-moved").exists()
+    # Only the newer build had it: apt removed it with the move back.
+    assert NEWER_ONLY.name not in packages, packages
     assert not [line for line in moved.rerun.output.splitlines() if "held broken packages" in line]
 
 
@@ -233,4 +246,4 @@ def test_a_pin_the_archive_no_longer_has_stops_in_one_line(moved):
     assert all(name in message for name in USER_SPACE), message
     assert "nvidia_driver_module_source=dkms" in message and "\n" not in message.strip(), message
     # Stopped before the install: the node is as the admin left it.
-    assert installed(moved.roots["driver-pin-gone"]) == moved.moved["driver-pin-gone"]
+    assert snapshot(moved.roots["driver-pin-gone"], "driver-pin-gone") == moved.moved["driver-pin-gone"]
