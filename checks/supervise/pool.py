@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
@@ -39,6 +40,13 @@ def workers_for(n_items: int, limit: int | None = None) -> int:
     return max(1, min(most, n_items // MIN_PER_WORKER))
 
 
+def _leave_sigint() -> None:
+    """Ctrl-C reaches the whole process group: the caller handles it (and shuts the pool down,
+    what was not started never starts); a worker finishes its item instead of dying with a
+    traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,
                 chunksize: int = 16) -> Iterator[R]:
     """fn over items, in `workers` forked processes (workers_for by default), in input order.
@@ -49,7 +57,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
     if n == 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield from map(fn, items)
         return
-    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_leave_sigint)
     try:
         yield from pool.map(fn, items, chunksize=chunksize)
     finally:  # also when the caller stops early: what was not started never starts

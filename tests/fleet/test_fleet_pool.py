@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,17 @@ def test_ordered_map_runs_in_other_processes_and_keeps_the_order() -> None:
     pids = set(pool.ordered_map(_pid, range(64), workers=2, chunksize=1))
     assert os.getpid() not in pids and pids
     assert set(pool.ordered_map(_pid, range(8), workers=1)) == {os.getpid()}  # one: no pool
+
+
+def _ignores_sigint(_: int) -> bool:
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_ctrl_c_is_left_to_the_caller() -> None:
+    """The pool's processes ignore SIGINT (the terminal sends it to the whole group): the
+    controller stops the pool and says "interrupted", no worker prints a traceback."""
+    assert all(pool.ordered_map(_ignores_sigint, range(4), workers=2, chunksize=1))
+    assert not _ignores_sigint(0)
 
 
 def test_workers_are_bounded_by_the_cpus_and_the_work() -> None:
