@@ -850,3 +850,72 @@ def test_no_task_sets_a_selection_outside_the_shared_module():
             shared += path.read_text().count("nodecert_dpkg_selections:")
     assert offenders == []
     assert shared >= 11  # the module is in use: the rule did read the roles' tasks
+
+
+# --- Moving off Canonical's desktop build; kernels the modules are no longer for -----------------
+
+# Canonical's desktop build of branch 580 (noble-updates restricted, 580.196.07-0ubuntu0.24.04.1:
+# nvidia-driver-580 "Depends: libnvidia-gl-580, nvidia-dkms-580, nvidia-kernel-common-580,
+# xserver-xorg-video-nvidia-580, ..."; nvidia-kernel-common-580 ships the conffile
+# /etc/modprobe.d/nvidia-graphics-drivers-kms.conf, nvidia-kernel-common-580-server none).
+DESKTOP_580 = [
+    "nvidia-driver-580", "nvidia-driver-580-open", "nvidia-headless-580", "nvidia-headless-no-dkms-580",
+    "nvidia-dkms-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580", "nvidia-kernel-source-580",
+    "nvidia-kernel-source-580-open", "nvidia-utils-580", "nvidia-compute-utils-580",
+    "libnvidia-gl-580", "libnvidia-common-580", "libnvidia-compute-580", "libnvidia-extra-580",
+    "libnvidia-decode-580", "libnvidia-encode-580", "libnvidia-cfg1-580", "libnvidia-fbc1-580",
+    "nvidia-firmware-580-580.196.07", "xserver-xorg-video-nvidia-580",
+    f"linux-modules-nvidia-580-{KERNEL}", f"linux-modules-nvidia-580-open-{KERNEL}",
+    f"linux-objects-nvidia-580-{KERNEL}", f"linux-signatures-nvidia-580-{KERNEL}",
+    "linux-modules-nvidia-580-generic", "linux-modules-nvidia-580-open-generic",
+]
+
+
+def test_the_desktop_build_of_the_branch_is_told_from_the_server_build():
+    assert matching("_nvidia_driver_desktop_re", DESKTOP_580) == DESKTOP_580
+    # The server build, Fabric Manager, NSCQ, IMEX and NVIDIA's pinning package are never desktop.
+    assert matching("_nvidia_driver_desktop_re", [*BRANCH_580_SERVER, "nvidia-imex-580"]) == []
+    # Another branch's desktop build was already another branch.
+    desktop_535 = [name.replace("580", "535") for name in DESKTOP_580]
+    assert matching("_nvidia_driver_other_branch_re", desktop_535) == desktop_535
+
+
+def test_the_desktop_build_is_replaced_only_from_ubuntus_archive():
+    expression = task_var(
+        "nvidia_driver/tasks/install.yml", "Find driver packages of other branches",
+        "_nvidia_driver_other_branches",
+    ).strip().removeprefix("{{").removesuffix("}}")
+    installed = {name: [{"version": "580.196.07-0ubuntu0.24.04.1"}] for name in ["nvidia-driver-580", "curl"]}
+    for repository, replaced in (("ubuntu", ["nvidia-driver-580"]), ("nvidia", [])):
+        assert roletemplate.render(
+            expression, "nvidia_driver", nvidia_driver_repository=repository,
+            ansible_facts={"packages": installed}, **driver_facts(),
+        ) == replaced
+
+
+OLD_KERNEL = "6.8.0-88-generic"
+STALE = [
+    *(f"linux-{part}-{OLD_KERNEL}"
+      for part in ("image", "image-unsigned", "headers", "modules", "modules-extra")),
+    "linux-headers-6.8.0-88",
+    f"linux-modules-nvidia-580-server-open-{OLD_KERNEL}",
+    f"linux-objects-nvidia-580-server-{OLD_KERNEL}",
+    f"linux-signatures-nvidia-535-server-{OLD_KERNEL}",
+    "linux-image-6.18.44-fc-v1000",
+]
+
+
+@pytest.mark.parametrize("running", ["6.8.0-85-generic", "6.18.44-fc-v1045", KERNEL])
+def test_holds_on_kernels_the_modules_are_no_longer_for_are_lifted(running):
+    in_use = [
+        *PER_KERNEL, *PER_KERNEL_MODULES[:2], f"linux-headers-{KERNEL.rsplit('-', 1)[0]}",
+        f"linux-image-{KERNEL.replace('generic', 'lowlatency')}",  # the same ABI, another flavour
+        f"linux-image-{running}", f"linux-modules-nvidia-580-server-open-{running}",
+    ]
+    metas = KERNEL_METAS + MODULES_METAS + ["linux-firmware", "linux-base"]
+    facts = {"ansible_facts": {"kernel": running}}
+    assert matching("_nvidia_driver_stale_kernel_re", STALE + in_use + metas, **facts) == STALE
+    # The hold task leaves them out, so that a rerun does not hold what it lifted.
+    assert matching("_nvidia_driver_stale_kernel_re", PER_KERNEL_MODULES, **facts) == (
+        [] if running == "6.18.44-fc-v1045" else ["linux-modules-nvidia-580-server-open-6.18.44-fc-v1045"]
+    )
