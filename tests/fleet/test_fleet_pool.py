@@ -140,3 +140,12 @@ def test_junit_and_fleet_json_are_written_host_by_host_as_whole_trees_were(run_d
     assert "".join(fleet.json_chunks()) == json.dumps(fleet.to_dict(), indent=2) + "\n"
     assert b"".join(fleet_junit.chunks(fleet)) == junit.write_tree(fleet_junit.to_xml(fleet),
                                                                     tmp_path / "empty.xml").read_bytes()
+
+
+def test_a_report_is_read_whole_whatever_its_size(tmp_path: Path) -> None:
+    from checks.report import load
+
+    for size in (0, 1, (1 << 16) - 1, 1 << 16, 200_001):
+        path = tmp_path / f"r{size}.json"
+        path.write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+        assert load.read_regular(path) == path.read_bytes()
