@@ -75,20 +75,19 @@ def _slim(result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
     status = result.get("status")
     if status not in SLIMMED:
         return result
-    device = result.get("device")
+    get = result.get
+    device = get("device")
     if type(device) is dict:
         with contextlib.suppress(TypeError):  # a nested value: not shared
             device = devices.setdefault(tuple(device.items()), device)
-    out = {"status": status, "message": result.get("message"), "device": device}
+    out = {"status": status, "message": get("message"), "device": device}
     for key in KEPT_WHEN_SET:
-        value = result.get(key)
+        value = get(key)
         if value is not None:
             out[key] = value
-    details = result.get("details")
-    if details and type(details) is dict:
-        kept = {k: v for k, v in details.items() if k in KEPT_DETAILS}
-        if kept:
-            out["details"] = kept
+    details = get("details")
+    if details and type(details) is dict and not KEPT_DETAILS.isdisjoint(details):
+        out["details"] = {k: v for k, v in details.items() if k in KEPT_DETAILS}
     return out
 
 
