@@ -1,6 +1,7 @@
-"""provision.yml on Ubuntu 24.04 (noble) roots with Canonical's real packages from Ubuntu's
-archive, when it answers (each release is probed; a case whose archive does not answer is skipped
-with the reason), and the refusal of Ubuntu 22.04 (jammy) before any change.
+"""provision.yml on Ubuntu 22.04 (jammy), 24.04 (noble) and 26.04 (resolute) roots with Canonical's
+real packages from Ubuntu's archive, when it answers (each release is probed; a case whose archive
+does not answer, or serves no kernel with precompiled modules for its driver, is skipped with the
+reason), and the refusal of a release out of standard support (20.04) before any change.
 
 The roots start as a fresh cloud image does (rootfs.cached_ubuntu_image): every component in the
 release, -updates and -security pockets, and a -generic kernel through linux-image-virtual. The
@@ -11,17 +12,23 @@ on the controller (each file downloaded once, kept across runs), maintainer scri
 what NVIDIA alone ships (cuda-keyring, cuda-toolkit-12-8, libnccl2/-dev) comes from the signed
 stand-in of NVIDIA's repository, in its NVIDIA-only form.
 
-Two hosts, two starting points, one run (then a second that must change nothing):
-  noble-535    a noble HGX H100 node running branch 535 from noble's release pocket (the genuine
-               535, before Ubuntu made 535-server transitional), held: upgraded to 580, the holds
-               moved, nothing of 535 left;
-  noble-image  a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
-               repository) and unattended-upgrades configured to upgrade everything.
-A third, a debootstrapped jammy root with the defaults, must be refused in the first check.
+Four hosts, four starting points, one run (then a second that must change nothing):
+  noble-535         a noble HGX H100 node running branch 535 from noble's release pocket (the
+                    genuine 535, before Ubuntu made 535-server transitional), held: upgraded to
+                    580, the holds moved, nothing of 535 left;
+  noble-image       a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
+                    repository) and unattended-upgrades configured to upgrade everything;
+  jammy-image       a jammy L40S cloud image: python3 3.10, the venv on it;
+  resolute-release  a resolute HGX H100 node installed from 26.04's release pocket alone (a site
+                    mirror of what it certified): kernel 7.0, python3 3.14, Canonical's 580-server
+                    driver, modules, Fabric Manager and NSCQ as 26.04 released them.
+Check mode on a fresh image of each release leaves it byte-identical. A debootstrapped jammy root
+dressed as 20.04 must be refused in the first check.
 
 torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
 stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch) beside this project's
-wheel.
+wheel and its dependencies built for the release's own Python (3.10, 3.12, 3.14), which import
+there.
 """
 
 from __future__ import annotations
@@ -50,11 +57,14 @@ class Host:
     release: rootfs.Release
     python: str
     devices: str  # "hgx" or "l40s"
+    pockets: tuple[str, ...] = rootfs.ALL_POCKETS
 
 
 HOSTS = {
     "noble-535": Host(rootfs.UBUNTU_2404, "3.12", devices="hgx"),
     "noble-image": Host(rootfs.UBUNTU_2404, "3.12", devices="l40s"),
+    "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s"),
+    "resolute-release": Host(rootfs.UBUNTU_2604, "3.14", devices="hgx", pockets=rootfs.RELEASE_POCKET_ONLY),
 }
 # The genuine 535 in noble's release pocket (-updates has only the transitional 535 -> 580).
 OLD_BRANCH_PACKAGES = (
@@ -156,7 +166,9 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
             skipped[name] = f"no Ubuntu archive: {reason}"
             continue
         try:
-            tarball = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config())
+            tarball = rootfs.cached_ubuntu_image(
+                host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets
+            )
         except rootfs.ArchiveGap as gap:
             skipped[name] = f"no Ubuntu image with precompiled modules today: {gap}"
             continue
@@ -391,15 +403,18 @@ def test_venv_with_the_stand_in_torch(ubuntu, host):
     assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
 
 
-def test_jammy_is_refused_before_any_change(workdir, base_vars, nvidia_repo, chroot_wrapper, ansible_home):
-    """Ubuntu 22.04 is not supported (its Python is 3.10; this project needs 3.11): a jammy root
-    with the defaults, this project's own package included, stops in the first check of the
-    checks that run on every node, with one line saying why and what to do, and nothing in the
-    root changes."""
+def test_a_release_out_of_standard_support_is_refused_before_any_change(
+    workdir, base_vars, nvidia_repo, chroot_wrapper, ansible_home
+):
+    """Ubuntu 20.04 left standard support (and its python3 is 3.8): a root that says it is 20.04
+    (a debootstrapped jammy root whose os-release claims focal), with the defaults and this
+    project's own package, stops in the first check of the checks that run on every node, with one
+    line saying why and what to do, and nothing in the root changes."""
     reason = rootfs.archive_answers(rootfs.UBUNTU_2204, timeout=PROBE_TIMEOUT)
     if reason:
         pytest.skip(f"no Ubuntu archive: {reason}")
-    root = rootfs.unpack(rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE), workdir / "hosts" / "jammy")
+    root = rootfs.unpack(rootfs.cached_tarball(rootfs.UBUNTU_2204, CACHE), workdir / "hosts" / "focal")
+    rootfs.pretend_os(root, "ubuntu", "Ubuntu", "20.04", "focal")
     runner.hgx_h100(root)
     group_vars = {
         **base_vars,
@@ -411,36 +426,38 @@ def test_jammy_is_refused_before_any_change(workdir, base_vars, nvidia_repo, chr
     scratch = ("root/.ansible", "tmp", "var/tmp")
     before = rootfs.tree_digest(root, exclude=scratch)
     inventory = runner.write_inventory(
-        workdir / "ubuntu-jammy.yml", {"jammy": root}, chroot_wrapper, group_vars
+        workdir / "ubuntu-focal.yml", {"focal": root}, chroot_wrapper, group_vars
     )
-    result = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu-jammy"))
+    result = runner.run_playbook("provision.yml", inventory, ansible_home("ubuntu-focal"))
     assert result.rc == 2, result
-    message = result.failure("jammy")
+    message = result.failure("focal")
     assert "\n" not in message.strip(), message
-    refusal = "jammy runs Ubuntu 22.04; these roles support Ubuntu 24.04, Debian 12."
+    refusal = "focal runs Ubuntu 20.04; these roles support Ubuntu 22.04/24.04/26.04, Debian 12."
     assert message.startswith(refusal), message
-    assert "python3 is 3.10" in message and "Upgrade to 24.04" in message, message
+    assert "python3 is 3.8" in message and "Upgrade to 22.04" in message, message
     assert "TASK [preflight : Check that the operating system is supported]" in result.output
-    assert result.recap["jammy"]["changed"] == 0, result.changed_tasks("jammy")
+    assert result.recap["focal"]["changed"] == 0, result.changed_tasks("focal")
     assert rootfs.tree_digest(root, exclude=scratch) == before, "the refused root changed"
 
 
-def test_check_mode_on_a_fresh_noble_node_changes_nothing(
-    workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
+@pytest.mark.parametrize("name", ["noble-image", "jammy-image", "resolute-release"])
+def test_check_mode_on_a_fresh_node_changes_nothing(
+    name, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
 ):
-    """`make provision CHECK=1`, the documented first step, on a fresh noble HGX image: it passes
-    (noble's own libnccl2 2.18.5 in multiverse is no reason to stop) and leaves the root
+    """`make provision CHECK=1`, the documented first step, on a fresh HGX image of each release:
+    it passes (noble's own libnccl2 2.18.5 in multiverse is no reason to stop) and leaves the root
     byte-identical (no apt planner log, no package lists, no holds)."""
-    reason = rootfs.archive_answers(rootfs.UBUNTU_2404, timeout=PROBE_TIMEOUT)
+    host = HOSTS[name]
+    reason = rootfs.archive_answers(host.release, timeout=PROBE_TIMEOUT)
     if reason:
         pytest.skip(f"no Ubuntu archive: {reason}")
     try:
-        image = rootfs.cached_ubuntu_image(rootfs.UBUNTU_2404, CACHE, proxy.url, proxy.apt_config())
+        image = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets)
     except rootfs.ArchiveGap as gap:
         pytest.skip(f"no Ubuntu image with precompiled modules today: {gap}")
-    root = rootfs.unpack(image, workdir / "hosts" / "noble-check")
+    root = rootfs.unpack(image, workdir / "hosts" / f"{name}-check")
     rootfs.use_proxy(root, proxy.apt_config())
-    wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, "3.12", True)
+    wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, True)
     wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
     runner.hgx_h100(root)
     group_vars = {
@@ -452,13 +469,13 @@ def test_check_mode_on_a_fresh_noble_node_changes_nothing(
     scratch = ("root/.ansible",)
     before = rootfs.tree_digest(root, exclude=scratch)
     inventory = runner.write_inventory(
-        workdir / "ubuntu-check.yml", {"noble-check": root}, chroot_wrapper, group_vars
+        workdir / f"ubuntu-check-{name}.yml", {f"{name}-check": root}, chroot_wrapper, group_vars
     )
     result = runner.run_playbook(
-        "provision.yml", inventory, ansible_home("ubuntu-check"), "--check", "--diff"
+        "provision.yml", inventory, ansible_home(f"ubuntu-check-{name}"), "--check", "--diff"
     )
     assert result.rc == 0, result
-    assert result.recap["noble-check"]["changed"] > 0, "check mode should report what it would change"
+    assert result.recap[f"{name}-check"]["changed"] > 0, "check mode should report what it would change"
     after = rootfs.tree_digest(root, exclude=scratch)
     changed = rootfs.changed_paths(before, after)
     assert changed == [], f"check mode changed the root: {changed[:20]}"
@@ -466,3 +483,162 @@ def test_check_mode_on_a_fresh_noble_node_changes_nothing(
     # Canonical's driver is in the archive already: apt resolved it, in its simulation.
     simulated = re.search(r"Check mode: a real run installs ([^\"]*)", result.output)
     assert simulated and f"nvidia-utils-{BRANCH}-server" in simulated.group(1), result
+
+
+# --- A kernel ABI move under the real unattended-upgrades -------------------------------------
+#
+# unattended-upgrades installs in minimal steps: each upgradable package with what it drags along,
+# in an order that iterates a Python set (upgrade_order in unattended-upgrade), so PYTHONHASHSEED
+# decides whether the kernel's meta package (linux-image-virtual -> linux-image-<abi>) or the
+# modules' meta package (linux-modules-nvidia-580-server-open-generic -> ...-<abi>, which brings the
+# kernel along) goes first; a step dpkg refuses ends the whole run ("Installing the upgrades
+# failed!", every later step with it). The packages of the new ABI are stand-ins with the control
+# fields of Canonical's (Depends as resolute's 7.0.0-14 packages read); u-u, apt, dpkg and the
+# role's guard are real.
+MOVED_KERNEL = "7.0.0-99-generic"
+MOVED_VERSION = "7.0.0-99.99"
+CANARY = "nodecert-e2e-canary"  # an unrelated update in the same run (curl's role on a real day)
+# The new kernel's modules as Canonical builds them: for the installed driver ("fits"), or for a
+# newer driver this node does not have (the archive's driver moved first, the role holds it).
+NEWER_DRIVER = "580.196.07"
+UU_CASES = [("fits", seed) for seed in (0, 1, 2, 3)] + [("other-driver", seed) for seed in (0, 1)]
+
+
+def kernel_move_packages(driver: str) -> list[aptrepo.Package]:
+    prefix = f"linux-modules-nvidia-{BRANCH}-server-open-"
+    common = f"nvidia-kernel-common-{BRANCH}-server"
+    stub = ("stand-in\n", 0o644)
+    return [
+        aptrepo.Package(f"linux-modules-{MOVED_KERNEL}", MOVED_VERSION,
+                        files={f"lib/modules/{MOVED_KERNEL}/kernel/stand-in.ko": stub}),
+        aptrepo.Package(f"linux-image-{MOVED_KERNEL}", MOVED_VERSION,
+                        depends=[f"linux-modules-{MOVED_KERNEL}"],
+                        files={f"boot/vmlinuz-{MOVED_KERNEL}": stub}),
+        aptrepo.Package("linux-image-virtual", MOVED_VERSION, depends=[f"linux-image-{MOVED_KERNEL}"]),
+        aptrepo.Package(
+            f"{prefix}{MOVED_KERNEL}",
+            MOVED_VERSION,
+            depends=[f"linux-image-{MOVED_KERNEL} | linux-image-unsigned-{MOVED_KERNEL}",
+                     f"{common} (<= {driver}-1)", f"{common} (>= {driver})"],
+            files={f"lib/modules/{MOVED_KERNEL}/kernel/nvidia-{BRANCH}srv-open/nvidia.ko": stub},
+        ),
+        aptrepo.Package(f"{prefix}generic", MOVED_VERSION,
+                        depends=[f"{prefix}{MOVED_KERNEL} (= {MOVED_VERSION})", f"{common} (>= {driver})"]),
+        aptrepo.Package(CANARY, "2.0", files={f"usr/share/doc/{CANARY}/version": ("2.0\n", 0o644)}),
+    ]
+
+
+def mount_overlay(lower: str, upper: Path, merged: Path) -> None:
+    work = upper.with_name(upper.name + ".work")
+    for path in (upper, work, merged):
+        path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)], check=True)
+
+
+def build_kernel_move_layer(root: Path, base: Path, variant: str) -> Path:
+    """The provisioned node with unattended-upgrades installed as Ubuntu ships it (told to take
+    every origin, as the noble image is), the canary at 1.0, and a signed repository offering the
+    new kernel ABI, its NVIDIA modules (built for the installed driver, or for a newer one) and the
+    canary 2.0, its lists fetched (which runs the guard's blacklist hook): one overlay layer over
+    the root, shared by every seed's run."""
+    layer, merged = base / "layer", base / "prep"
+    mount_overlay(str(root), layer, merged)
+    try:
+        installed = upstream(runner.package_version(merged, f"nvidia-kernel-common-{BRANCH}-server"))
+        pool, build = merged / "srv/kernel-move", base / "build"
+        pool.mkdir(parents=True)
+        for package in kernel_move_packages(installed if variant == "fits" else NEWER_DRIVER):
+            aptrepo.build_deb(package, build, pool)
+        canary_v1 = aptrepo.build_deb(aptrepo.Package(CANARY, "1.0"), build, base)
+        aptrepo._index(pool, "nodecert kernel-move stand-in", "nodecert kernel-move stand-in")
+        signer = aptrepo.Gpg("nodecert-kernel-move")
+        try:
+            signer.sign_release(pool)
+            (merged / "etc/apt/keyrings").mkdir(parents=True, exist_ok=True)
+            (merged / "etc/apt/keyrings/kernel-move.asc").write_bytes(signer.export_armored())
+        finally:
+            signer.close()
+        (merged / "etc/apt/sources.list.d/kernel-move.list").write_text(
+            "deb [signed-by=/etc/apt/keyrings/kernel-move.asc] file:/srv/kernel-move ./\n"
+        )
+        runner.preinstall_deb(merged, canary_v1)
+        apt_in(merged, "apt-get", "install", "-y", "-q", "--no-install-recommends", "unattended-upgrades")
+        (merged / "etc/apt/apt.conf.d/52nodecert-e2e-upgrade-everything").write_text(UPGRADE_EVERYTHING)
+        apt_in(merged, "apt-get", "update", "-q")
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+    return layer
+
+
+@pytest.fixture(scope="module")
+def kernel_move(ubuntu, workdir):
+    """variant -> (root, layer), built on first use."""
+    name = "resolute-release"
+    if name in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped[name])
+    if ubuntu.second is None or ubuntu.second.rc != 0:
+        pytest.skip("the resolute node was not provisioned")
+    root, layers = ubuntu.roots[name], {}
+
+    def get(variant: str) -> tuple[Path, Path]:
+        if variant not in layers:
+            try:
+                layers[variant] = build_kernel_move_layer(root, workdir / "kernel-move" / variant, variant)
+            except subprocess.CalledProcessError as exc:
+                if exc.cmd[:2] == ["mount", "-t"]:
+                    pytest.skip(f"no overlay mounts here: {exc}")
+                raise
+        return root, layers[variant]
+
+    yield get
+    subprocess.run(["rm", "-rf", "--one-file-system", str(workdir / "kernel-move")], check=False)
+
+
+def run_unattended_upgrades(root: Path, layer: Path, upper: Path, seed: int):
+    """Mount a fresh overlay (the layer over the root), run the real unattended-upgrade with this
+    hash seed; return (merged root, what it said)."""
+    merged = upper.with_name("root")
+    mount_overlay(f"{layer}:{root}", upper, merged)
+    run = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", "--kill-child", f"--mount-proc={merged}/proc",
+         "chroot", str(merged), "unattended-upgrade", "--verbose"],
+        capture_output=True, text=True, timeout=900,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": str(seed)},
+    )
+    log = merged / "var/log/unattended-upgrades/unattended-upgrades-dpkg.log"
+    said = run.stdout + run.stderr + (log.read_text(errors="replace") if log.exists() else "")
+    return merged, said
+
+
+@pytest.mark.parametrize(("variant", "seed"), UU_CASES)
+def test_a_kernel_abi_move_under_unattended_upgrades(kernel_move, workdir, variant, seed):
+    """Whatever order u-u's steps take (the hash seed): with modules built for the installed driver
+    the new kernel gets in with them (nvidia.ko for the kernel the next boot lands in); with modules
+    built only for a newer driver the kernel stays out (the guard's blacklist keeps u-u from
+    trying it). Either way the driver stays held where it was and the unrelated update of the same
+    run is applied."""
+    root, layer = kernel_move(variant)
+    base = workdir / "kernel-move" / variant / f"seed-{seed}"
+    merged, said = run_unattended_upgrades(root, layer, base / "upper", seed)
+    try:
+        where = f"{variant}, seed {seed}:\n{said[-4000:]}"
+        held_driver = runner.package_version(root, f"nvidia-utils-{BRANCH}-server")
+        assert "Installing the upgrades failed" not in said, where
+        assert runner.package_version(merged, CANARY) == "2.0", where
+        installed = runner.selections(merged)
+        modules = f"linux-modules-nvidia-{BRANCH}-server-open-{MOVED_KERNEL}"
+        nvidia_ko = merged / f"lib/modules/{MOVED_KERNEL}/kernel/nvidia-{BRANCH}srv-open/nvidia.ko"
+        if variant == "fits":
+            for package in (f"linux-image-{MOVED_KERNEL}", modules):
+                assert installed.get(package) == "install", f"{package} not installed; {where}"
+            assert nvidia_ko.exists(), where
+        else:
+            assert f"linux-image-{MOVED_KERNEL}" not in installed, where
+            assert not (merged / f"boot/vmlinuz-{MOVED_KERNEL}").exists(), where
+            blacklist = (merged / "etc/apt/apt.conf.d/51nodecert-kernels-without-nvidia-modules").read_text()
+            assert f'"linux-image-{MOVED_KERNEL}$";' in blacklist, blacklist
+        assert runner.package_version(merged, f"nvidia-utils-{BRANCH}-server") == held_driver
+        assert installed.get(f"nvidia-utils-{BRANCH}-server") == "hold"
+    finally:
+        subprocess.run(["umount", "--lazy", str(merged)], check=False)

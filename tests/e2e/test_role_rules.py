@@ -669,7 +669,7 @@ def test_the_kernels_found_in_boot_leave_out_old_and_signed_copies():
 # --- Supported operating systems -------------------------------------------------------------------
 
 GENERIC_PROFILE = roletemplate.ROLES.parents[1] / "checks/profiles/generic.yaml"
-PROVISIONED = {"Ubuntu": ["24.04"], "Debian": ["12"]}
+PROVISIONED = {"Ubuntu": ["22.04", "24.04", "26.04"], "Debian": ["12"]}
 
 
 def os_supported(distribution: str, version: str, **overrides) -> tuple[bool, str]:
@@ -692,12 +692,12 @@ def os_supported(distribution: str, version: str, **overrides) -> tuple[bool, st
     return bool(passes), " ".join(message.split())
 
 
-def test_the_playbooks_provision_ubuntu_2404_and_debian_12_only():
+def test_the_playbooks_provision_ubuntu_lts_in_standard_support_and_debian_12_only():
     assert roletemplate.render("preflight_supported_distributions", "preflight") == PROVISIONED
 
 
 def test_every_provisioned_release_is_one_the_node_checks_know():
-    """The node checks (host.supported_os) verify a wider list than the playbooks provision (22.04
+    """The node checks (host.supported_os) verify a wider list than the playbooks provision (20.04
     nodes are verified, not provisioned); never a narrower one."""
     known = __import__("yaml").safe_load(GENERIC_PROFILE.read_text())["host"]["supported_os"]
     for name, versions in PROVISIONED.items():
@@ -706,25 +706,27 @@ def test_every_provisioned_release_is_one_the_node_checks_know():
 
 @pytest.mark.parametrize(
     ("distribution", "version", "supported"),
-    [("Ubuntu", "24.04", True), ("Debian", "12.11", True), ("Ubuntu", "22.04", False),
-     ("Ubuntu", "20.04", False), ("Rocky", "9.4", False)],
+    [("Ubuntu", "24.04", True), ("Debian", "12.11", True), ("Ubuntu", "22.04", True),
+     ("Ubuntu", "26.04", True), ("Ubuntu", "20.04", False), ("Ubuntu", "25.10", False),
+     ("Rocky", "9.4", False)],
 )
 def test_the_os_check_follows_the_list(distribution, version, supported):
     passes, message = os_supported(distribution, version)
     assert passes is supported
-    listed = "these roles support Ubuntu 24.04, Debian 12."
+    listed = "these roles support Ubuntu 22.04/24.04/26.04, Debian 12."
     assert message.startswith(f"node1 runs {distribution} {version}; {listed}")
 
 
-def test_ubuntu_2204_is_refused_with_the_reason_and_the_way_out():
-    _, message = os_supported("Ubuntu", "22.04")
-    assert "python3 is 3.10" in message and "Upgrade to 24.04" in message
-    assert "Python" not in os_supported("Ubuntu", "20.04")[1]
+def test_ubuntu_2004_is_refused_with_the_reason_and_the_way_out():
+    _, message = os_supported("Ubuntu", "20.04")
+    assert "python3 is 3.8" in message and "Upgrade to 22.04" in message
+    assert "python3" not in os_supported("Ubuntu", "25.10")[1]
 
 
 def test_an_operator_may_add_a_release_at_their_own_risk():
-    override = {"preflight_supported_distributions": {"Ubuntu": ["22.04", "24.04"], "Debian": [12]}}
-    assert os_supported("Ubuntu", "22.04", **override)[0]
+    override = {"preflight_supported_distributions": {"Ubuntu": ["24.04", "25.10"], "Debian": [12]}}
+    assert os_supported("Ubuntu", "25.10", **override)[0]
+    assert not os_supported("Ubuntu", "22.04", **override)[0]
     assert os_supported("Debian", "12.11", **override)[0]
     assert not os_supported("Debian", "11.9", **override)[0]
 
@@ -732,7 +734,8 @@ def test_an_operator_may_add_a_release_at_their_own_risk():
 def test_every_roles_galaxy_platforms_are_the_provisioned_releases():
     """Galaxy metadata must be literal: it is held to the preflight list instead."""
     yaml = __import__("yaml")
-    codenames = {("Ubuntu", "24.04"): "noble", ("Debian", "12"): "bookworm"}
+    codenames = {("Ubuntu", "22.04"): "jammy", ("Ubuntu", "24.04"): "noble", ("Ubuntu", "26.04"): "resolute",
+                 ("Debian", "12"): "bookworm"}
     wanted = {name: sorted(codenames[(name, v)] for v in versions) for name, versions in PROVISIONED.items()}
     for meta in sorted(roletemplate.ROLES.glob("*/meta/main.yml")):
         platforms = yaml.safe_load(meta.read_text())["galaxy_info"]["platforms"]

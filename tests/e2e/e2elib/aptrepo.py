@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-DISTRIBUTIONS = ("debian12", "ubuntu2204", "ubuntu2404")
+# NVIDIA's directory per release; ubuntu2604 is modelled on the published layout of the others.
+DISTRIBUTIONS = ("debian12", "ubuntu2204", "ubuntu2404", "ubuntu2604")
 REPO_PREFIX = "compute/cuda/repos"
 KEY_NAME = "3bf863cc.pub"  # the file name NVIDIA serves its key under
 

@@ -76,6 +76,9 @@ UBUNTU_2204 = Release("ubuntu2204", "jammy", UBUNTU_MIRROR, check_gpg=False, com
 UBUNTU_2404 = Release(
     "ubuntu2404", "noble", UBUNTU_MIRROR, check_gpg=False, components="main,universe", script="gutsy"
 )
+UBUNTU_2604 = Release(
+    "ubuntu2604", "resolute", UBUNTU_MIRROR, check_gpg=False, components="main,universe", script="gutsy"
+)
 
 
 def archive_answers(release: Release, timeout: float = 5.0) -> str | None:
@@ -147,9 +150,17 @@ IMAGE_NOTE = "var/lib/nodecert-e2e/image"  # what the image got, for the tests (
 MODULES_FOR = "linux-modules-nvidia-580-server-open"  # the precompiled modules the tests install
 
 
-def ubuntu_sources(release: Release) -> tuple[str, str]:
+# The pockets a cloud image's sources name. RELEASE_POCKET_ONLY is a node installed from the
+# release's own media and an archive mirror of that pocket alone (sites that mirror only what they
+# certified): its files never change, so Ubuntu's archive serves all of them (the -updates and
+# -security pool can lag the index, see ArchiveGap).
+ALL_POCKETS = ("", "-updates", "-security")
+RELEASE_POCKET_ONLY = ("",)
+
+
+def ubuntu_sources(release: Release, pockets: tuple[str, ...] = ALL_POCKETS) -> tuple[str, str]:
     """(path, content) of the apt sources an Ubuntu image of this release ships."""
-    suites = [release.suite, f"{release.suite}-updates", f"{release.suite}-security"]
+    suites = [f"{release.suite}{pocket}" for pocket in pockets]
     components = "main restricted universe multiverse"
     if release.suite == "jammy":
         lines = [f"deb {release.mirror} {suite} {components}" for suite in suites]
@@ -161,12 +172,12 @@ def ubuntu_sources(release: Release) -> tuple[str, str]:
     )
 
 
-def newest_kernel_meta(release: Release, proxy_url: str) -> str:
-    """Version of linux-image-virtual in the release's -updates pocket (keys the image cache: a
-    new kernel in the archive makes a new image)."""
+def newest_kernel_meta(release: Release, proxy_url: str, pocket: str = "-updates") -> str:
+    """Version of linux-image-virtual in the release's newest pocket the image takes (keys the image
+    cache: a new kernel in the archive makes a new image)."""
     import lzma
 
-    url = f"{release.mirror.rstrip('/')}/dists/{release.suite}-updates/main/binary-amd64/Packages.xz"
+    url = f"{release.mirror.rstrip('/')}/dists/{release.suite}{pocket}/main/binary-amd64/Packages.xz"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url}))
     with opener.open(url, timeout=60) as response:
         text = lzma.decompress(response.read()).decode()
@@ -221,8 +232,9 @@ class ArchiveGap(RuntimeError):
     with the precompiled path can be built."""
 
 
-# (release, kernel meta version) -> why no image could be built: asked again, said at once.
-_GAPS: dict[tuple[str, str], str] = {}
+# image tarball name (release, kernel meta version, pockets) -> why no image could be built: asked
+# again, said at once.
+_GAPS: dict[str, str] = {}
 
 
 def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
@@ -259,21 +271,65 @@ def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
                      f"them after the driver, and mirrors can list files their pool lacks: {missing})")
 
 
-def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_config: str) -> Path:
+def _dpkg_newer(a: str, b: str) -> bool:
+    return subprocess.run(["dpkg", "--compare-versions", a, "gt", b], check=False).returncode == 0
+
+
+def unserved_driver(release: Release, proxy_url: str, pockets: tuple[str, ...] = ALL_POCKETS) -> str:
+    """'' when the pool serves the newest nvidia-kernel-common-580-server the image's pockets list,
+    else that file's URL and the answer. Seconds, where finding the same gap by building the image
+    takes minutes (apt-get update and upgrade first): when the driver itself is not served, no
+    kernel's modules can be installed with it."""
+    import gzip
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url}))
+    newest: tuple[str, str] | None = None
+    for pocket in pockets:
+        dists = f"{release.mirror.rstrip('/')}/dists/{release.suite}{pocket}"
+        url = f"{dists}/restricted/binary-amd64/Packages.gz"
+        with opener.open(url, timeout=60) as response:
+            text = gzip.decompress(response.read()).decode()
+        for stanza in text.split("\n\n"):
+            if not stanza.startswith("Package: nvidia-kernel-common-580-server\n"):
+                continue
+            fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line)
+            if newest is None or _dpkg_newer(fields["Version"], newest[0]):
+                newest = (fields["Version"], fields["Filename"])
+    if newest is None:
+        return ""  # nothing of 580 listed: _pick_kernel says what is missing
+    url = f"{release.mirror.rstrip('/')}/{newest[1]}"
+    try:
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=30):
+            return ""
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{url}: {getattr(exc, 'code', exc)}"
+
+
+def cached_ubuntu_image(
+    release: Release, cache_dir: Path, proxy_url: str, apt_config: str, pockets: tuple[str, ...] = ALL_POCKETS
+) -> Path:
     """A tarball of an Ubuntu root that looks like a fresh cloud image (sources and a kernel, see
     _pick_kernel), built from the debootstrap root, keyed by the archive's current kernel."""
+    missing = unserved_driver(release, proxy_url, pockets)
+    if missing:
+        raise ArchiveGap(
+            f"the archive lists a driver its pool does not serve ({missing}): no kernel's "
+            "precompiled modules can be installed with it"
+        )
     base = cached_tarball(release, cache_dir)
-    meta_version = newest_kernel_meta(release, proxy_url)
-    key = hashlib.sha256("\n".join([UBUNTU_IMAGE_RECIPE, base.name, meta_version]).encode()).hexdigest()[:12]
+    newest_pocket = "-updates" if "-updates" in pockets else pockets[-1]
+    meta_version = newest_kernel_meta(release, proxy_url, newest_pocket)
+    parts = [UBUNTU_IMAGE_RECIPE, base.name, meta_version, *(() if pockets == ALL_POCKETS else pockets)]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     tarball = cache_dir / f"image-{release.name}-{key}.tar"
     with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if tarball.exists():
             return tarball
-        if (release.name, meta_version) in _GAPS:
-            raise ArchiveGap(_GAPS[(release.name, meta_version)])
+        if tarball.name in _GAPS:
+            raise ArchiveGap(_GAPS[tarball.name])
         work = unpack(base, tarball.with_suffix(".build"))
-        path, content = ubuntu_sources(release)
+        path, content = ubuntu_sources(release, pockets)
         (work / "etc/apt/sources.list").write_text("")
         (work / path).write_text(content)
         use_proxy(work, apt_config)
@@ -283,7 +339,7 @@ def cached_ubuntu_image(release: Release, cache_dir: Path, proxy_url: str, apt_c
         try:
             packages, note = _pick_kernel(work)
         except ArchiveGap as gap:
-            _GAPS[(release.name, meta_version)] = str(gap)
+            _GAPS[tarball.name] = str(gap)
             remove_root(work)
             raise
         _chroot(work, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages)
