@@ -28,10 +28,14 @@ from checks import cliutil
 from checks.hw.base import HardwareError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# Wall-clock share of the 8-minute target each long phase gets (seconds).
-CHECKS_BUDGET_S = 240
-TRAINER_TIMEOUT_S = 90
-PEAK_TIMEOUT_S = 120
+# The proof's goal: at most 8 minutes on any NVIDIA host. Each long phase is bounded by its own cap
+# (the check run's planner budget, the launches' hard timeouts); the caps add up to PROOF_TARGET_S
+# less a margin for the recording and the bundle, so a node where every phase runs out still ends
+# inside the goal, each run-out phase reported as such.
+PROOF_TARGET_S = 480
+CHECKS_BUDGET_S = 210
+PEAK_TIMEOUT_S = 90
+TRAINER_TIMEOUT_S = {"trainer-small": 50, "trainer-large": 70, "throughput": 50}
 # The peak sweep: the check's own sweep stops at 256 MiB (or the profile's floor_bytes), below
 # where NCCL's NVLS all-reduce peaks on 8 NVSwitch GPUs (2-8 GiB; nccl-tests#212 in the shared
 # notes: sizes must go past 256 MB); from 1 MiB, as the small sizes are in the report already.
@@ -99,7 +103,7 @@ def phases(out: Path, gpus: int = 0) -> list[tuple[str, Callable[[], int]]]:
     from trainer import trainer_cli
 
     def trainer(name: str, argv: list[str]) -> tuple[str, Callable[[], int]]:
-        return name, lambda: trainer_cli.main([*argv, "--timeout", str(TRAINER_TIMEOUT_S),
+        return name, lambda: trainer_cli.main([*argv, "--timeout", str(TRAINER_TIMEOUT_S[name]),
                                                "--json", str(out / f"{name}.json")])
 
     return [

@@ -136,3 +136,24 @@ def test_collectives_peak_fails_on_wrong_data_and_skips_one_gpu(monkeypatch, tmp
     monkeypatch.setattr(collective_run, "run", lambda **kw: pytest.fail("one GPU: no launch"))
     assert gpu_proof.collectives_peak(tmp_path, 1) == 0
     assert "skipped" in json.loads((tmp_path / "collectives-peak.json").read_text())
+
+
+def test_the_phase_caps_fit_the_eight_minute_goal(tmp_path, monkeypatch):
+    """Every long phase is bounded, and the bounds add up to less than the goal: a node where
+    every phase runs out still ends the proof inside 8 minutes. The caps reach the CLIs."""
+    caps = gpu_proof.CHECKS_BUDGET_S + gpu_proof.PEAK_TIMEOUT_S + sum(gpu_proof.TRAINER_TIMEOUT_S.values())
+    assert caps <= gpu_proof.PROOF_TARGET_S - 10 and gpu_proof.PROOF_TARGET_S == 480
+    seen: dict[str, list[str]] = {}
+    from checks.node import node_cli
+    from trainer import trainer_cli
+
+    monkeypatch.setattr(trainer_cli, "main", lambda argv: seen.setdefault(argv[-1], argv) and 0)
+    monkeypatch.setattr(node_cli, "main", lambda argv: seen.setdefault("checks", argv) and 0)
+    todo = dict(gpu_proof.phases(tmp_path))
+    assert set(gpu_proof.TRAINER_TIMEOUT_S) <= set(todo)
+    for name, cap in gpu_proof.TRAINER_TIMEOUT_S.items():
+        todo[name]()
+        argv = seen[str(tmp_path / f"{name}.json")]
+        assert argv[argv.index("--timeout") + 1] == str(cap), name
+    todo["checks"]()
+    assert f"{gpu_proof.CHECKS_BUDGET_S}s" in seen["checks"]
