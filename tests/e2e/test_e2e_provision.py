@@ -195,6 +195,58 @@ def test_the_desktop_build_is_replaced_and_its_leftovers_go(cluster):
     assert said in cluster.first.output, cluster.first.output[-3000:]
 
 
+def test_desktop_modprobe_options_left_by_a_package_are_purged_or_diverted(
+    cluster, chroot_wrapper, ansible_home, workdir
+):
+    """The cleanup's other two cases, through its own task file on the provisioned v100 root: the
+    desktop kernel-common removed without purging (its conffile still read by modprobe) is purged,
+    a copy kept; one that stays installed has the file diverted where modprobe does not read it,
+    and its next version's file lands there too. A rerun changes nothing."""
+    root = cluster.roots["v100"]
+    kms = aptrepo.Package(
+        "nvidia-kernel-common-580", "580.95.05-0ubuntu1",
+        files={KMS_CONF: ("options nvidia_drm modeset=1\n", 0o644),
+               "DEBIAN/conffiles": (f"/{KMS_CONF}\n", 0o644)},
+    )
+    deb = f"/tmp/{aptrepo.build_deb(kms, workdir / 'kms-cases', root / 'tmp').name}"
+    play = workdir / "move-after.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "The cleanup after a driver's move", "hosts": "all", "gather_facts": False,
+        "vars_files": [str(runner.REPO / "playbooks/roles/nvidia_driver/vars/main.yml")],
+        "vars": {"nvidia_driver_move_autoremove": True, "preflight_apt_lock_timeout": 60},
+        "tasks": [{"name": "Clean up", "ansible.builtin.import_tasks":
+                   str(runner.REPO / "playbooks/roles/nvidia_driver/tasks/move_after.yml")}],
+        "handlers": [{"name": "Rebuild the initramfs",
+                      "ansible.builtin.debug": {"msg": "initramfs rebuilt"}}],
+    }]))
+    inventory = runner.write_inventory(
+        workdir / "move-after-inventory.yml", {"v100": root}, chroot_wrapper, {}
+    )
+    home = ansible_home("move-after")
+    diverted = root / f"{KMS_CONF}.nodecert-diverted"
+    try:
+        runner.in_root(root, "dpkg", "--install", deb)
+        runner.in_root(root, "dpkg", "--remove", "nvidia-kernel-common-580")
+        purged = runner.run_playbook(str(play), inventory, home)
+        assert purged.rc == 0 and "initramfs rebuilt" in purged.output, purged.output[-3000:]
+        assert not (root / KMS_CONF).exists()
+        gone = runner.in_root(root, "dpkg-query", "--show", "nvidia-kernel-common-580", check=False)
+        assert gone.returncode == 1, gone.stdout
+
+        runner.in_root(root, "dpkg", "--install", deb)
+        kept = runner.run_playbook(str(play), inventory, home)
+        assert kept.rc == 0 and kept.recap["v100"]["changed"] == 1, kept.output[-3000:]
+        assert not (root / KMS_CONF).exists() and diverted.exists()
+        runner.in_root(root, "dpkg", "--install", deb)  # the package's next version
+        assert not (root / KMS_CONF).exists() and diverted.exists()
+        again = runner.run_playbook(str(play), inventory, home)
+        assert again.rc == 0 and again.recap["v100"]["changed"] == 0, again.output[-3000:]
+    finally:  # the later tests see the root as provisioned
+        runner.in_root(root, "dpkg", "--purge", "nvidia-kernel-common-580", check=False)
+        runner.in_root(root, "dpkg-divert", "--local", "--rename", "--remove", f"/{KMS_CONF}", check=False)
+        runner.in_root(root, "rm", "-f", f"/{KMS_CONF}", deb, check=False)
+
+
 def test_cuda_repository_is_signed_by_the_pinned_key(cluster, stand_in_repo):
     for root in cluster.roots.values():
         source = (root / "etc/apt/sources.list.d/nvidia-cuda.list").read_text()
