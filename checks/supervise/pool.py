@@ -19,6 +19,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MAX_WORKERS = 16  # past this, the parent folding the results in order is the bottleneck
+MAX_ASKED = 64  # the most processes an explicit count (--jobs) starts
 MIN_PER_WORKER = 64  # fewer items than this per process: starting it costs more than it saves
 
 
@@ -40,6 +41,14 @@ def workers_for(n_items: int, limit: int | None = None) -> int:
     return max(1, min(most, n_items // MIN_PER_WORKER))
 
 
+def processes(n_items: int, workers: int | None = None) -> int:
+    """The processes ordered_map starts: workers_for by default; an explicit count is bounded
+    too, by the items and MAX_ASKED."""
+    if workers is None:
+        return workers_for(n_items)
+    return max(1, min(workers, n_items, MAX_ASKED))
+
+
 def _leave_sigint() -> None:
     """Ctrl-C reaches the whole process group: the caller handles it (and shuts the pool down,
     what was not started never starts); a worker finishes its item instead of dying with a
@@ -53,7 +62,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
     One worker means the builtin map in this process. `fn` must be a module-level function and
     its results picklable."""
     items = list(items)
-    n = workers_for(len(items)) if workers is None else max(1, workers)
+    n = processes(len(items), workers)
     if n == 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield from map(fn, items)
         return

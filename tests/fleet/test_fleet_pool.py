@@ -48,6 +48,8 @@ def test_workers_are_bounded_by_the_cpus_and_the_work() -> None:
     assert pool.workers_for(10) == 1  # not worth a process
     assert pool.workers_for(pool.MIN_PER_WORKER * 2, limit=1) == 1
     many = pool.workers_for(1_000_000)
+    assert pool.processes(2, 50) == 2 and pool.processes(10_000, 500) == pool.MAX_ASKED  # --jobs bounded
+    assert pool.processes(10_000) == pool.workers_for(10_000) and pool.processes(5, 0) == 1
     assert 1 <= many <= min(pool.usable_cpus(), pool.MAX_WORKERS)
 
 
