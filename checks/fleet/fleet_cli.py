@@ -225,8 +225,8 @@ def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | 
         from checks.render import html
 
         outputs.append(html.write_fleet(fleet, args.html))
-    if args.junit:
-        outputs.append(junit.write(fleet, args.junit))
+    if args.junit:  # the hosts' suites built in the pool too, written in order
+        outputs.append(junit.write(fleet, args.junit, functools.partial(pool.ordered_map, workers=args.jobs)))
     if args.prometheus_dir:
         from checks.render import prometheus
 

@@ -10,7 +10,7 @@ of them (each names its cause: property `caused_by`, and its message says so), t
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from checks import safeio
@@ -51,23 +51,40 @@ def _suite(h: HostEntry) -> ET.Element:
     return suite
 
 
-def suites(fleet: Fleet) -> Iterator[ET.Element]:
-    """The fleet's test suites, one host at a time, in the order an operator acts: the hosts to
-    act on first (act_on's order), then the others in the fleet's order, the hosts without a
-    report after those with one."""
+# one host's suite to write: its entry, its rows to act on, (host, check) -> the cause it is folded under
+SuiteJob = tuple[HostEntry, list[act_on.Row], dict[tuple[str, str], str]]
+Mapper = Callable[[Callable[[SuiteJob], bytes], list[SuiteJob]], Iterable[bytes]]
+
+
+def _jobs(fleet: Fleet) -> list[SuiteJob]:
+    """The hosts' suites to build, in the order an operator acts: the hosts to act on first
+    (act_on's order), then the others in the fleet's order, the hosts without a report after
+    those with one."""
     found = act_on.rows(fleet.hosts)
-    folded = act_on.folded_checks(found)
+    folded: dict[str, dict[tuple[str, str], str]] = {}
+    for key, cause in act_on.folded_checks(found).items():
+        folded.setdefault(key[0], {})[key] = cause
     host_rank: dict[str, int] = {}
     by_host: dict[str, list[act_on.Row]] = {}
     for i, row in enumerate(found):
         host_rank.setdefault(row.host, i)
         by_host.setdefault(row.host, []).append(row)
     hosts = [h for h in fleet.hosts if h.report is not None] + [h for h in fleet.hosts if h.report is None]
-    for h in sorted(hosts, key=lambda h: host_rank.get(h.host, len(found))):
-        suite = _suite(h)
-        if h.host in by_host:  # a host with nothing to act on keeps its order
-            _order_cases(suite, by_host[h.host], folded)
-        yield suite
+    return [(h, by_host.get(h.host, []), folded.get(h.host, {}))
+            for h in sorted(hosts, key=lambda h: host_rank.get(h.host, len(found)))]
+
+
+def _ordered_suite(job: SuiteJob) -> ET.Element:
+    h, rows, folded = job
+    suite = _suite(h)
+    if rows:  # a host with nothing to act on keeps its order
+        _order_cases(suite, rows, folded)
+    return suite
+
+
+def suites(fleet: Fleet) -> Iterator[ET.Element]:
+    """The fleet's test suites, one host at a time (_jobs' order)."""
+    return map(_ordered_suite, _jobs(fleet))
 
 
 def to_xml(fleet: Fleet) -> ET.Element:
@@ -76,16 +93,23 @@ def to_xml(fleet: Fleet) -> ET.Element:
     return root
 
 
-def chunks(fleet: Fleet) -> Iterator[bytes]:
-    """The JUnit file as junit.write_tree writes to_xml's tree (sanitised, indented), one suite
-    at a time: the fleet's XML is never built whole (10 000 hosts' suites hold every result's
-    message)."""
+def suite_text(job: SuiteJob) -> bytes:
+    """One host's suite as junit.write_tree writes it within the file (sanitised, indented).
+    Module-level, so that a process pool can run it (chunks' `map_`)."""
+    suite = _ordered_suite(job)
+    junit.sanitise(suite)
+    ET.indent(suite, space="  ", level=1)
+    return ET.tostring(suite, encoding="unicode").encode("utf-8")
+
+
+def chunks(fleet: Fleet, map_: Mapper | None = None) -> Iterator[bytes]:
+    """The JUnit file as junit.write_tree writes to_xml's tree, one suite at a time: the fleet's
+    XML is never built whole (10 000 hosts' suites hold every result's message). `map_` (the
+    builtin map by default) may build the suites in other processes, in order."""
     yield b"<?xml version='1.0' encoding='utf-8'?>\n"
     before = b'<testsuites name="nodecert">\n  '
-    for suite in suites(fleet):
-        junit.sanitise(suite)
-        ET.indent(suite, space="  ", level=1)
-        yield before + ET.tostring(suite, encoding="unicode").encode("utf-8")
+    for text in (map_ or map)(suite_text, _jobs(fleet)):
+        yield before + text
         before = b"\n  "
     yield b'<testsuites name="nodecert" />' if before.startswith(b"<") else b"\n</testsuites>"
 
@@ -128,5 +152,5 @@ def _property(case: ET.Element, name: str, value: str) -> None:
     ET.SubElement(props, "property", name=name, value=value)
 
 
-def write(fleet: Fleet, path: str | Path) -> Path:
-    return safeio.write_bytes(path, chunks(fleet))
+def write(fleet: Fleet, path: str | Path, map_: Mapper | None = None) -> Path:
+    return safeio.write_bytes(path, chunks(fleet, map_))

@@ -4,6 +4,7 @@ process reads them, whatever the number of processes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -136,6 +137,8 @@ def test_junit_and_fleet_json_are_written_host_by_host_as_whole_trees_were(run_d
     whole = junit.write_tree(fleet_junit.to_xml(fleet), tmp_path / "whole.xml").read_bytes()
     assert b"".join(pieces) == whole
     assert fleet_junit.write(fleet, tmp_path / "streamed.xml").read_bytes() == whole
+    in_pool = functools.partial(pool.ordered_map, workers=3, chunksize=2)  # suites built in 3 processes
+    assert fleet_junit.write(fleet, tmp_path / "pooled.xml", in_pool).read_bytes() == whole
     for extra in ({}, {"outside_inventory": ["intruder7"]}):
         assert "".join(fleet.json_chunks(extra)) == json.dumps({**fleet.to_dict(), **extra}, indent=2) + "\n"
     fleet.hosts = []
