@@ -10,7 +10,6 @@ straggler, drift, digest mismatch, lemon), 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
-import functools
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -84,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lemon-runs", type=int, default=history.DEFAULT_RUNS, metavar="M",
                    help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
     r.add_argument("--jobs", type=int, metavar="N",
-                   help="processes that read and validate the reports (default: one per 64 reports, "
-                        "at most the usable CPUs and 16; 1: this process only); the output is the "
-                        "same whatever N")
+                   help="processes that read and validate the reports and build the JUnit file's "
+                        "suites (default: one per 64 reports, at most the usable CPUs and 16; 1: this "
+                        "process only); the output is the same whatever N")
     r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
     r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     r.add_argument("--format", choices=("table", "compact"), default="table",
@@ -166,12 +165,6 @@ def _checked_something(found: list[loader.HostReport]) -> list[loader.HostReport
             if f.report is not None and not summary_.holds_checks(f.report) else f for f in found]
 
 
-def _reader(jobs: int | None) -> aggregate.Mapper:
-    """The map that reads the reports: in a pool of processes (checks.supervise.pool), results in
-    the order of the files."""
-    return functools.partial(pool.ordered_map, workers=jobs)
-
-
 def _aggregate(found: list[loader.HostReport], directory: Path, expected: list[str] | None,
                errors: dict[str, str], run_id: str | None) -> Fleet:
     fleet = aggregate.aggregate(found, expected_hosts=expected, host_errors=errors, run_id=run_id,
@@ -216,7 +209,8 @@ def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostR
     return fleet
 
 
-def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | None) -> list[Path]:
+def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | None,
+                   workers: pool.Pool) -> list[Path]:
     outputs = []
     if args.json:  # written host by host, as the JUnit file
         extra = {} if outside is None else {"outside_inventory": outside}  # an inventory was given
@@ -226,7 +220,7 @@ def _write_outputs(fleet: Fleet, args: argparse.Namespace, outside: list[str] | 
 
         outputs.append(html.write_fleet(fleet, args.html))
     if args.junit:  # the hosts' suites built in the pool too, written in order
-        outputs.append(junit.write(fleet, args.junit, functools.partial(pool.ordered_map, workers=args.jobs)))
+        outputs.append(junit.write(fleet, args.junit, workers.map))
     if args.prometheus_dir:
         from checks.render import prometheus
 
@@ -248,9 +242,16 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
     expected, errors = _expected(args), _host_errors(args.host_errors)
+    # processes for the reading and the JUnit suites, forked at the reading, while this one is small
+    with pool.Pool(pool.processes(sum(1 for _ in directory.glob("*.json")), args.jobs)) as workers:
+        return _report(args, console, err, directory, expected, errors, workers)
+
+
+def _report(args: argparse.Namespace, console: Console, err: Console, directory: Path,
+            expected: list[str] | None, errors: dict[str, str], workers: pool.Pool) -> int:
     cross = crosshost.merge(directory)
     with loader.gc_paused():
-        found, outside = _outside(_checked_something(aggregate.read(directory, _reader(args.jobs))),
+        found, outside = _outside(_checked_something(aggregate.read(directory, workers.map)),
                                   expected if args.inventory else None, errors)
     if outside:
         err.print(f"warning: {len(outside)} report(s) from hosts outside the inventory, not counted: "
@@ -268,7 +269,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
                       "event (at least half the fleet's GPUs), not counted toward lemons "
                       "(python -m checks.fleet history list)", highlight=False, markup=False,
                       soft_wrap=True)
-    outputs = _write_outputs(fleet, args, outside if args.inventory else None)
+    outputs = _write_outputs(fleet, args, outside if args.inventory else None, workers)
     if not args.quiet:
         if args.format == "compact":
             terminal.render_compact(fleet, console)

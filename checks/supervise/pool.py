@@ -56,18 +56,39 @@ def _leave_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class Pool:
+    """`workers` processes for several ordered maps. Forked at the first map and kept until the
+    `with` block ends: a caller that first reads (a small process) and then holds what it read
+    (hundreds of MB) gives its later maps the processes forked while it was small, never copies
+    of its grown self. One worker means the builtin map in this process."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Pool:
+        if self.workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                                 initializer=_leave_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._executor is not None:  # what was not started never starts
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 16) -> Iterator[R]:
+        """fn over items in input order. `fn` must be a module-level function and its results
+        picklable; a caller that stops early leaves the rest of its items unstarted."""
+        if self._executor is None:
+            return map(fn, items)
+        return self._executor.map(fn, items, chunksize=chunksize)
+
+
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,
                 chunksize: int = 16) -> Iterator[R]:
-    """fn over items, in `workers` forked processes (workers_for by default), in input order.
-    One worker means the builtin map in this process. `fn` must be a module-level function and
-    its results picklable."""
+    """fn over items, in `workers` forked processes (processes(): workers_for by default), in
+    input order, in a Pool of its own."""
     items = list(items)
-    n = processes(len(items), workers)
-    if n == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        yield from map(fn, items)
-        return
-    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_leave_sigint)
-    try:
-        yield from pool.map(fn, items, chunksize=chunksize)
-    finally:  # also when the caller stops early: what was not started never starts
-        pool.shutdown(wait=True, cancel_futures=True)
+    with Pool(processes(len(items), workers)) as pool:
+        yield from pool.map(fn, items, chunksize)

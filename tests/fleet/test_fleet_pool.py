@@ -34,6 +34,19 @@ def test_ordered_map_runs_in_other_processes_and_keeps_the_order() -> None:
     assert set(pool.ordered_map(_pid, range(8), workers=1)) == {os.getpid()}  # one: no pool
 
 
+def test_a_pool_keeps_its_processes_for_later_maps() -> None:
+    """The fleet CLI reads and then builds the JUnit suites with the processes forked for the
+    reading (while the controller was small), not with copies of the grown controller."""
+    with pool.Pool(2) as workers:
+        first = set(workers.map(_pid, range(16), 1))
+        big = bytearray(64 << 20)  # the controller grows
+        later = set(workers.map(_pid, range(16), 1))
+        del big
+    assert first and later <= first and os.getpid() not in first
+    with pool.Pool(1) as inline:
+        assert set(inline.map(_pid, range(4))) == {os.getpid()}
+
+
 def _ignores_sigint(_: int) -> bool:
     return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
