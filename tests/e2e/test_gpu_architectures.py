@@ -114,7 +114,7 @@ def test_gh200_requires_open_modules_and_h100_only_recommends_them(node_facts, t
     plant(tmp_path, "0000:02:00.0", "2330")
     gpus, _ = node_facts.pci_devices(str(tmp_path), ARCHITECTURES, MODELS)
     assert [(g["model"], g["kernel_modules"]) for g in gpus] == [
-        ("GH200", "open_required"),
+        ("GH200 480GB", "open_required"),
         ("H100 80GB HBM3", "open_recommended"),
     ]
 

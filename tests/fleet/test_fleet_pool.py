@@ -54,8 +54,14 @@ def _ignores_sigint(_: int) -> bool:
 def test_ctrl_c_is_left_to_the_caller() -> None:
     """The pool's processes ignore SIGINT (the terminal sends it to the whole group): the
     controller stops the pool and says "interrupted", no worker prints a traceback."""
-    assert all(pool.ordered_map(_ignores_sigint, range(4), workers=2, chunksize=1))
-    assert not _ignores_sigint(0)
+    # The parent's own disposition is set here: a shell that starts a job in the background (a CI
+    # runner) leaves SIGINT ignored in every process below it, the pool's workers included.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert not _ignores_sigint(0)
+        assert all(pool.ordered_map(_ignores_sigint, range(4), workers=2, chunksize=1))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_workers_are_bounded_by_the_cpus_and_the_work() -> None:

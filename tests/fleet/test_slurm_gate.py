@@ -223,15 +223,28 @@ def test_a_stopped_check_is_killed_and_the_node_drained_by_its_watchdog(
                     "--", "--simulate", str(scenario)).returncode == 0
     # the run above left its last check's id: this run's own must be waited for, not that one
     progress = state / "current-check"
-    progress.unlink(missing_ok=True)
-    _only(cluster, node, "nodecert-healthcheck")
-    check = _wait_for_pid("checks", "--simulate", str(scenario))
-    # the whole run stops once it has started a check: its worker first, then the top process
-    cluster.wait_for(progress.exists, 30, "the run to start a check")
-    for worker in [pid for pid in _pids("checks", "--simulate", str(scenario)) if pid != check]:
-        with contextlib.suppress(ProcessLookupError):  # a worker may end between list and kill
-            os.kill(worker, signal.SIGSTOP)
-    os.kill(check, signal.SIGSTOP)
+    for _attempt in range(5):
+        progress.unlink(missing_ok=True)
+        _only(cluster, node, "nodecert-healthcheck")
+        check = _wait_for_pid("checks", "--simulate", str(scenario))
+        # the whole run stops once it has started a check: its worker first, then the top process
+        cluster.wait_for(progress.exists, 30, "the run to start a check")
+        workers = [pid for pid in _pids("checks", "--simulate", str(scenario)) if pid != check]
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):  # a worker may end between list and kill
+                os.kill(worker, signal.SIGSTOP)
+        try:
+            os.kill(check, signal.SIGSTOP)
+            break
+        except ProcessLookupError:
+            # the simulated run (well under a second) finished between its first check and the
+            # stop: let its stopped workers go, wait for that health check to end, start another
+            for worker in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGCONT)
+            cluster.wait_for(lambda: not _pids("checks", "--simulate", str(scenario)), 30, "the run's end")
+    else:
+        pytest.fail("five health-check runs each ended before the check could be stopped")
     hung_in = progress.read_text().strip()
     cluster.wait_for(lambda: "drain" in cluster.node_state(node)[0], 90, "the drain")
     reason = cluster.node_state(node)[1]
