@@ -299,34 +299,54 @@ ARCHIVE_DRIVER_2026_12_04 = "580.196.07"
 MODULES_DRIVER_2026_12_04 = "580.178.04"
 
 
-def canonical_user_space(branch: str, version: str, suffix: str = "-open") -> list[Package]:
-    """Canonical's user-space packages of one build of a branch, shaped as stand_in_packages has
-    them (utils, kernel-common, compute-utils, headless-no-dkms of one flavour), at another version."""
-    deb_version = f"{version}-0ubuntu1"
+def user_space_common(branch: str, version: str, deb_version: str) -> list[Package]:
+    """nvidia-utils, nvidia-kernel-common and nvidia-compute-utils of one build of a branch, as
+    Canonical's -server packages have them (nvidia-smi, the persistence daemon's unit)."""
     return [
         Package(
             f"nvidia-utils-{branch}-server",
             deb_version,
-            files={"usr/bin/nvidia-smi": _script(f"""
+            files={
+                "usr/bin/nvidia-smi": _script(f"""
                 echo "NVIDIA-SMI stand-in   Driver Version: {version}"
                 echo "No devices were found" >&2
                 exit 6
-            """)},
+            """),
+            },
         ),
         Package(f"nvidia-kernel-common-{branch}-server", deb_version),
         Package(
             f"nvidia-compute-utils-{branch}-server",
             deb_version,
             files={
+                # Like Ubuntu's unit: no [Install] section, and --no-persistence-mode.
                 "lib/systemd/system/nvidia-persistenced.service": (
-                    "[Unit]\nDescription=NVIDIA Persistence Daemon\n\n[Service]\nType=forking\n"
-                    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
-                    "--no-persistence-mode --verbose\n",
+                    textwrap.dedent("""\
+                [Unit]
+                Description=NVIDIA Persistence Daemon
+                Wants=syslog.target
+                StopWhenUnneeded=true
+
+                [Service]
+                Type=forking
+                ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced \\
+                    --no-persistence-mode --verbose
+                ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+                """),
                     0o644,
                 ),
                 "usr/bin/nvidia-persistenced": _script("exit 0\n"),
             },
         ),
+    ]
+
+
+def canonical_user_space(branch: str, version: str, suffix: str = "-open") -> list[Package]:
+    """Canonical's user-space packages of one build of a branch, shaped as stand_in_packages has
+    them (utils, kernel-common, compute-utils, headless-no-dkms of one flavour), at another version."""
+    deb_version = f"{version}-0ubuntu1"
+    return [
+        *user_space_common(branch, version, deb_version),
         Package(
             f"nvidia-headless-no-dkms-{branch}-server{suffix}",
             deb_version,
@@ -365,43 +385,7 @@ def stand_in_packages(kernel_release: str, architecture: str = "amd64") -> list[
     for branch, version in DRIVER_VERSIONS.items():
         deb_version = f"{version}-0ubuntu1"
         exact = f"(= {deb_version})"
-        packages += [
-            Package(
-                f"nvidia-utils-{branch}-server",
-                deb_version,
-                files={
-                    "usr/bin/nvidia-smi": _script(f"""
-                    echo "NVIDIA-SMI stand-in   Driver Version: {version}"
-                    echo "No devices were found" >&2
-                    exit 6
-                """),
-                },
-            ),
-            Package(f"nvidia-kernel-common-{branch}-server", deb_version),
-            Package(
-                f"nvidia-compute-utils-{branch}-server",
-                deb_version,
-                files={
-                    # Like Ubuntu's unit: no [Install] section, and --no-persistence-mode.
-                    "lib/systemd/system/nvidia-persistenced.service": (
-                        textwrap.dedent("""\
-                    [Unit]
-                    Description=NVIDIA Persistence Daemon
-                    Wants=syslog.target
-                    StopWhenUnneeded=true
-
-                    [Service]
-                    Type=forking
-                    ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced \\
-                        --no-persistence-mode --verbose
-                    ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
-                    """),
-                        0o644,
-                    ),
-                    "usr/bin/nvidia-persistenced": _script("exit 0\n"),
-                },
-            ),
-        ]
+        packages += user_space_common(branch, version, deb_version)
         for suffix in ("", "-open"):
             packages += [
                 Package(
