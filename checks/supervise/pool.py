@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
+from checks.supervise import procs
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -49,11 +51,16 @@ def processes(n_items: int, workers: int | None = None) -> int:
     return max(1, min(workers, n_items, MAX_ASKED))
 
 
-def _leave_sigint() -> None:
+def _worker_setup(parent: int) -> None:
     """Ctrl-C reaches the whole process group: the caller handles it (and shuts the pool down,
     what was not started never starts); a worker finishes its item instead of dying with a
-    traceback of its own."""
+    traceback of its own. A caller ended by SIGTERM or SIGKILL (cron's timeout, slurmd) runs no
+    shutdown: the kernel ends its workers then (PR_SET_PDEATHSIG, procs.set_pdeathsig), where
+    they used to wait on the call queue for ever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    procs.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:  # the caller died before the line above took effect
+        os._exit(1)
 
 
 class Pool:
@@ -69,7 +76,7 @@ class Pool:
     def __enter__(self) -> Pool:
         if self.workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                                 initializer=_leave_sigint)
+                                                 initializer=_worker_setup, initargs=(os.getpid(),))
         return self
 
     def __exit__(self, *exc: object) -> None:

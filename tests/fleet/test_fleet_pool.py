@@ -173,3 +173,48 @@ def test_a_report_is_read_whole_whatever_its_size(tmp_path: Path) -> None:
         path = tmp_path / f"r{size}.json"
         path.write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
         assert load.read_regular(path) == path.read_bytes()
+
+
+def _sleep_then_echo(x: int) -> int:
+    import time
+
+    time.sleep(60)
+    return x
+
+
+def test_workers_end_with_a_killed_caller(tmp_path) -> None:
+    """A caller killed outright (cron's timeout, slurmd: no shutdown runs) leaves no worker behind
+    waiting on the pool's queue: the kernel ends them with it."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from checks.supervise import pool\n"
+        "import test_fleet_pool as t\n"
+        "for _ in pool.ordered_map(t._sleep_then_echo, range(4), workers=2, chunksize=1):\n"
+        "    pass\n"
+    )
+    caller = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 30
+        children: list[int] = []
+        while time.monotonic() < deadline and len(children) < 2:
+            time.sleep(0.2)
+            listed = subprocess.run(["pgrep", "-P", str(caller.pid)], capture_output=True, text=True)
+            children = [int(p) for p in listed.stdout.split()]
+        assert len(children) >= 2, children
+        caller.kill()
+        caller.wait(10)
+        deadline = time.monotonic() + 10
+        alive = children
+        while time.monotonic() < deadline and alive:
+            time.sleep(0.2)
+            alive = [p for p in alive if os.path.exists(f"/proc/{p}") and
+                     not Path(f"/proc/{p}/stat").read_text().split(") ")[1].startswith("Z")]
+        assert alive == [], f"workers left behind: {alive}"
+    finally:
+        caller.kill()
