@@ -74,8 +74,11 @@ def _is_number(value: Any) -> bool:
 def extract(host: str, report: Mapping[str, Any]) -> Iterator[Figure | Curve]:
     """Every figure and curve a report publishes; malformed entries are ignored, not fatal."""
     for chk in report["checks"]:
+        check = chk["id"]
         for result in chk["results"]:
-            details = result.get("details") or {}
+            details = result.get("details")
+            if not details:  # most results publish nothing: one lookup each
+                continue
             figures, curve = details.get("figures"), details.get("curve")
             if not figures and not curve:
                 continue
@@ -84,10 +87,12 @@ def extract(host: str, report: Mapping[str, Any]) -> Iterator[Figure | Curve]:
                 # NaN and infinities are kept: a figure that is not a number is a finding
                 # (stragglers.not_finite), never silently left out of the statistics.
                 for name, value in figures.items():
-                    if _is_real(value):
-                        yield Figure(host, chk["id"], str(name), float(value), gpu)
+                    if type(value) is float or type(value) is int or _is_real(value):
+                        yield Figure(host, check, str(name), float(value), gpu)
             if isinstance(curve, list):
-                points = tuple({k: float(v) for k, v in p.items() if _is_number(v)}
+                # exact int/float first (what JSON parses to), then _is_number's isinstance
+                points = tuple({k: float(v) for k, v in p.items()
+                                if (type(v) is float or type(v) is int or _is_real(v)) and v == v}
                                for p in curve if isinstance(p, dict))
                 if points:
-                    yield Curve(host, chk["id"], gpu, points)
+                    yield Curve(host, check, gpu, points)

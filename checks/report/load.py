@@ -135,13 +135,17 @@ def plainly_fine(raw: bytes) -> bool:
     strings) nested at most MAX_DEPTH deep and nothing that decodes to a surrogate. Done on the bytes
     in C (bytes.translate/replace, regular expressions), ~30x faster than walking the parsed tree;
     False means "walk it"."""
-    if json.detect_encoding(raw) != "utf-8" or _MAYBE_SURROGATE.search(raw) or b"\xed" in raw:
+    # every escape starts with a backslash: a text without one (a report, mostly) skips the
+    # searches for escapes (a two-byte `in` scans 68 kB in ~60 us, the one-byte test in ~3 us)
+    escapes = b"\\" in raw
+    if (json.detect_encoding(raw) != "utf-8" or (escapes and _MAYBE_SURROGATE.search(raw))
+            or b"\xed" in raw):
         return False
     # Without a backslash before a quote, every quote delimits a string. Keep quotes and brackets:
     # a string without brackets is an adjacent "" pair, removed in one left-to-right pass. A quote
     # left over (a string holding a bracket) or an escaped quote takes the regular expression.
     brackets = raw.translate(_ONE_KIND, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
-    if b'"' in brackets or b'\\"' in raw:
+    if b'"' in brackets or (escapes and b'\\"' in raw):
         brackets = _JSON_STRING.sub(b"", raw).translate(_ONE_KIND, _NOT_BRACKET)
     for _ in range(MAX_DEPTH):  # each pass strips the innermost pairs: passes = nesting depth
         shorter = brackets.replace(b"[]", b"")
@@ -220,7 +224,7 @@ def _fast(raw: bytes) -> Any:
     key was dropped with its value (every key brings one; orjson writes a colon in a string as
     `:`, so a colon written `\\u003a` in `raw` takes json's path)."""
     if (_orjson is None or _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
-            or (b"\\u00" in raw and _ESCAPED_COLON.search(raw))):
+            or (b"\\" in raw and _ESCAPED_COLON.search(raw))):
         return None
     try:
         doc = _orjson.loads(raw)

@@ -20,7 +20,6 @@ holds each summary packed (Packed): its checks as one compressed pickle, unpacke
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import zlib
 from collections.abc import Iterator, Mapping
@@ -72,14 +71,16 @@ class Compactor:
 
 
 def _slim(result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
-    status = result.get("status")
+    get = result.get
+    status = get("status")
     if status not in SLIMMED:
         return result
-    get = result.get
     device = get("device")
     if type(device) is dict:
-        with contextlib.suppress(TypeError):  # a nested value: not shared
+        try:  # noqa: SIM105 (~160 a report: contextlib.suppress costs ~0.5 us each, try nothing)
             device = devices.setdefault(tuple(device.items()), device)
+        except TypeError:  # a nested value: not shared
+            pass
     out = {"status": status, "message": get("message"), "device": device}
     for key in KEPT_WHEN_SET:
         value = get(key)
