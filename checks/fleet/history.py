@@ -187,8 +187,11 @@ def _compact(stamp: str) -> str:
     return when.strftime("%Y%m%dT%H%M%SZ")
 
 
+_SEVERITY = {str(s): s.severity for s in Status}  # a dict lookup, not two enum calls per result
+
+
 def _worst(a: str, b: str) -> str:
-    return a if Status(a).severity >= Status(b).severity else b
+    return a if _SEVERITY[a] >= _SEVERITY[b] else b
 
 
 def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:

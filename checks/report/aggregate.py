@@ -117,7 +117,8 @@ class Fleet:
         """Attach the history's lemons; a host holding a lemon GPU in this run FAILs (the GPU is
         to be replaced: it failed in N of the last M runs, whether or not it failed this time)."""
         self.lemons = lemons
-        where = _gpus_by_uuid(self.hosts)
+        # the walk over every host's checks only for lemons' UUIDs (most runs have none)
+        where = _gpus_by_uuid(self.hosts, {lemon.uuid for lemon in lemons}) if lemons else {}
         _add_findings(self.hosts, "lemon", [
             (where[lemon.uuid][0], _lemon_finding(lemon, where[lemon.uuid][1]))
             for lemon in lemons if lemon.uuid in where])
@@ -246,15 +247,22 @@ def _lemon_finding(lemon: Lemon, gpu: figs.GpuRef) -> Finding:
                    f"{lemon.window} runs ({', '.join(lemon.checks)}): replace it")
 
 
-def _gpus_by_uuid(hosts: list[HostEntry]) -> dict[str, tuple[str, figs.GpuRef]]:
-    """GPU UUID → (host, GPU) as this run's reports name it."""
+def _gpus_by_uuid(hosts: list[HostEntry], wanted: set[str]) -> dict[str, tuple[str, figs.GpuRef]]:
+    """GPU UUID → (host, GPU) where this run's reports first name it, for the `wanted` UUIDs
+    (the walk ends when each one is found)."""
     found: dict[str, tuple[str, figs.GpuRef]] = {}
     for entry in hosts:
         for chk in (entry.report or {}).get("checks", []):
             for r in chk["results"]:
-                ref = figs.GpuRef.from_device(r.get("device"))
+                device = r.get("device")
+                uuid = device.get("uuid") if type(device) is dict else None
+                if uuid not in wanted or uuid in found:
+                    continue
+                ref = figs.GpuRef.from_device(device)
                 if ref is not None and ref.uuid:
-                    found.setdefault(ref.uuid, (entry.host, ref))
+                    found[ref.uuid] = (entry.host, ref)
+        if len(found) == len(wanted):
+            break
     return found
 
 
