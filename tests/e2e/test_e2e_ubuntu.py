@@ -18,7 +18,9 @@ Four hosts, four starting points, one run (then a second that must change nothin
                     580, the holds moved, nothing of 535 left;
   noble-image       a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
                     repository) and unattended-upgrades configured to upgrade everything;
-  jammy-image       a jammy L40S cloud image: python3 3.10, the venv on it;
+  jammy-image       a jammy L40S cloud image: python3 3.10, the venv on it (when -updates lists
+                    a driver the pool does not serve, an image of the release and -security
+                    pockets alone, a node that takes security updates only: Host.fallback);
   resolute-release  a resolute HGX H100 node installed from 26.04's release pocket alone (a site
                     mirror of what it certified): kernel 7.0, python3 3.14, Canonical's 580-server
                     driver, modules, Fabric Manager and NSCQ as 26.04 released them.
@@ -58,12 +60,15 @@ class Host:
     python: str
     devices: str  # "hgx" or "l40s"
     pockets: tuple[str, ...] = rootfs.ALL_POCKETS
+    # the pockets of the image built instead when `pockets` list a driver the pool does not serve
+    # (rootfs.ArchiveGap): a node whose sources name the release and -security pockets alone
+    fallback: tuple[str, ...] | None = None
 
 
 HOSTS = {
     "noble-535": Host(rootfs.UBUNTU_2404, "3.12", devices="hgx"),
     "noble-image": Host(rootfs.UBUNTU_2404, "3.12", devices="l40s"),
-    "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s"),
+    "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s", fallback=rootfs.SECURITY_POCKETS),
     "resolute-release": Host(rootfs.UBUNTU_2604, "3.14", devices="hgx", pockets=rootfs.RELEASE_POCKET_ONLY),
 }
 # The genuine 535 in noble's release pocket (-updates has only the transitional 535 -> 580).
@@ -155,20 +160,36 @@ def proxy():
     running.stop()
 
 
+def ubuntu_image(host: Host, proxy: aptproxy.CachingProxy) -> tuple[Path, str]:
+    """The image tarball of the host's release and pockets, and '' -- or, when those pockets list
+    a driver the pool does not serve and the host has a fallback, the image of its fallback
+    pockets and a note saying why (printed with the run's figures). ArchiveGap when neither."""
+    try:
+        image = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets)
+        return image, ""
+    except rootfs.ArchiveGap as gap:
+        if host.fallback is None:
+            raise
+        tarball = rootfs.cached_ubuntu_image(
+            host.release, CACHE, proxy.url, proxy.apt_config(), host.fallback
+        )
+        suites = " ".join(f"{host.release.suite}{p}" for p in host.fallback)
+        return tarball, f"built from {suites} alone: {gap}"
+
+
 @pytest.fixture(scope="module")
 def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home) -> Ubuntu:
     roots: dict[str, Path] = {}
     skipped: dict[str, str] = {}
     kernels: dict[str, str] = {}
+    pockets: dict[str, str] = {}
     for name, host in HOSTS.items():
         reason = rootfs.archive_answers(host.release, timeout=PROBE_TIMEOUT)
         if reason:
             skipped[name] = f"no Ubuntu archive: {reason}"
             continue
         try:
-            tarball = rootfs.cached_ubuntu_image(
-                host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets
-            )
+            tarball, pockets[name] = ubuntu_image(host, proxy)
         except rootfs.ArchiveGap as gap:
             skipped[name] = f"no Ubuntu image with precompiled modules today: {gap}"
             continue
@@ -208,6 +229,7 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
     print(
         f"\nprovision.yml, Ubuntu hosts {sorted(roots)} (archive packages): first run {first.seconds:.0f}s"
         + (f", second run {second.seconds:.0f}s" if second else "")
+        + "".join(f"\n  {name}: {note}" for name, note in sorted(pockets.items()) if note)
     )
     return Ubuntu(roots, skipped, kernels, inventory, first, second)
 
@@ -452,7 +474,9 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
     if reason:
         pytest.skip(f"no Ubuntu archive: {reason}")
     try:
-        image = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets)
+        image, note = ubuntu_image(host, proxy)
+        if note:
+            print(f"\n{name}: {note}")
     except rootfs.ArchiveGap as gap:
         pytest.skip(f"no Ubuntu image with precompiled modules today: {gap}")
     root = rootfs.unpack(image, workdir / "hosts" / f"{name}-check")

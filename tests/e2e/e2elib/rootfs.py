@@ -156,6 +156,10 @@ MODULES_FOR = "linux-modules-nvidia-580-server-open"  # the precompiled modules 
 # -security pool can lag the index, see ArchiveGap).
 ALL_POCKETS = ("", "-updates", "-security")
 RELEASE_POCKET_ONLY = ("",)
+# A node that takes security updates only (sites that stage -updates, or leave it out): the
+# release pocket and -security, which carries each driver and kernel security update with its
+# modules.
+SECURITY_POCKETS = ("", "-security")
 
 
 def ubuntu_sources(release: Release, pockets: tuple[str, ...] = ALL_POCKETS) -> tuple[str, str]:
