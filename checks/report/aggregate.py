@@ -179,10 +179,19 @@ def straggler_pct(profile_name: str) -> float:
 SpreadRow = tuple[str, str, str, str, str, list[str]]
 
 
-def spread_rows(report: Mapping[str, Any]) -> list[SpreadRow]:
-    """The checks of one report with a FAIL, ERROR or WARN result, as _spread lists them."""
+# a check of a consistent report (its status the worst of its results) with one of these statuses
+# has no FAIL, ERROR or WARN result
+_ALL_PASSED = frozenset({"PASS", "SKIP"})
+
+
+def spread_rows(report: Mapping[str, Any], consistent: bool = False) -> list[SpreadRow]:
+    """The checks of one report with a FAIL, ERROR or WARN result, as _spread lists them.
+    `consistent`: the report passed report_schema.consistency_problem, so a check's status says
+    whether any of its results is one of those (the others' results are not walked)."""
     rows = []
     for chk in report.get("checks", []):
+        if consistent and chk["status"] in _ALL_PASSED:
+            continue
         bad = [r for r in chk["results"] if r["status"] in ("FAIL", "ERROR", "WARN")]
         if not bad:
             continue
@@ -202,8 +211,9 @@ class Facts:
     nvl72: bool  # it is an NVL72 tray with a fabric identity (nvl72.trays)
 
     @classmethod
-    def of(cls, host: str, report: Mapping[str, Any]) -> Facts:
-        return cls(spread_rows(report), list(digests_.entries_of(host, report)),
+    def of(cls, host: str, report: Mapping[str, Any], consistent: bool = False) -> Facts:
+        """`consistent`: as for spread_rows (the loader checked the report)."""
+        return cls(spread_rows(report, consistent), list(digests_.entries_of(host, report)),
                    bool(nvl72.trays([(host, report)])))
 
 
@@ -336,7 +346,7 @@ def read_one(path: Path) -> loader.HostReport | None:
         _compactor = summary_.Compactor()
     report = item.report
     return Summarised(item.host, summary_.pack(_compactor.compact(report)), None, item.path,
-                      list(figs.extract(item.host, report)), Facts.of(item.host, report))
+                      list(figs.extract(item.host, report)), Facts.of(item.host, report, consistent=True))
 
 
 Mapper = Callable[[Callable[[Path], "loader.HostReport | None"], list[Path]],

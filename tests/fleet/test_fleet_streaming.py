@@ -17,7 +17,8 @@ from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
 from checks.fleet import fleet_junit, fleet_terminal, history
 from checks.render import html, prometheus
-from checks.report import aggregate, load, summary
+from checks.report import aggregate, fabric_summary, load, summary
+from checks.report.findings import Lemon
 
 
 class _Tracked(dict):  # a dict that a weak reference can follow
@@ -171,3 +172,55 @@ def test_depth_on_the_bytes_agrees_with_the_walk_for_mixed_brackets(depth: int, 
     assert (walked is None) == (depth <= load.MAX_DEPTH)
     assert load.text_problem(doc, raw) == walked
     assert load.plainly_fine(raw) == (walked is None)
+
+
+def _counting_unpacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The hosts whose packed checks are unpacked, one entry per unpacking."""
+    unpacked: list[str] = []
+    real = summary.Packed.__getitem__
+
+    def counted(self: summary.Packed, key: str) -> Any:
+        if key == "checks":
+            unpacked.append(self["host"])
+        return real(self, key)
+
+    monkeypatch.setattr(summary.Packed, "__getitem__", counted)
+    return unpacked
+
+
+def test_the_controller_unpacks_a_hosts_checks_once_per_view(tmp_path: Path, h100_report: dict[str, Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fabric summary (drawn in the HTML and the terminal) reads a host's checks once, not
+    once per lookup; the lemons need no walk when there are none, and stop at the GPUs they
+    name. A GPU named by two hosts (moved between them) is the first host's."""
+    reports = synthetic.build(5, base=h100_report)
+    synthetic.set_uuid(reports[3], 2, "GPU-moved")
+    synthetic.set_uuid(reports[1], 5, "GPU-moved")
+    fleet = aggregate.load(synthetic.write(reports, tmp_path / "run"))
+    unpacked = _counting_unpacks(monkeypatch)
+    fabric_summary.summarise(fleet.hosts)
+    assert unpacked == [f"node000{i}" for i in range(5)]  # five lookups each, one unpacking
+
+    unpacked.clear()
+    fleet.set_lemons([])
+    assert unpacked == [] and fleet.summary["PASS"] == 5
+
+    lemon = Lemon("GPU-moved", 3, 3, 5, ("node0001", "node0003"), ("gpu-matmul",), "r3")
+    fleet.set_lemons([lemon])
+    assert unpacked == ["node0000", "node0001"]  # found on node0001: the walk ends there
+    failed = {h.host: [f.reason for f in h.findings] for h in fleet.hosts if h.status == "FAIL"}
+    assert list(failed) == ["node0001"] and failed["node0001"][0].startswith("GPU5 GPU-moved failed")
+
+
+def test_spread_rows_of_a_consistent_report_skip_nothing_that_failed(h100_report: dict[str, Any]) -> None:
+    """Facts of a report the loader checked walk only the checks whose status is not PASS or
+    SKIP: the same rows as the full walk."""
+    report = synthetic.build(1, base=h100_report, broken=[Broken("node0000", "gpu-count"),
+                                                          Broken("node0000", "persistence-mode", gpu=3)])[0]
+    chk = next(c for c in report["checks"] if c["id"] == "driver-version")
+    chk["results"][0].update(status="WARN", message="planted warn")
+    synthetic.refresh(report)
+    rows = aggregate.spread_rows(report)
+    assert [r[0] for r in rows] == ["gpu-count", "driver-version", "persistence-mode"]
+    assert rows[2][5] == ["GPU3"]
+    assert aggregate.spread_rows(report, consistent=True) == rows
