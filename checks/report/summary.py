@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 # results reduced: a SKIP's message stays (JUnit's skipped message, the HTML's row)
@@ -58,19 +58,20 @@ class Compactor:
         system = report.get("system")
         if isinstance(system, dict):
             out["system"] = {k: text(v) for k, v in system.items() if not isinstance(v, dict | list)}
-        devices: dict[Any, Any] = {}
+        devices: dict[Any, Any] = {}  # one device mapping per GPU, shared by its results
+        share = devices.setdefault
         checks = []
         for chk in report.get("checks", []):
             slim = {k: v for k, v in chk.items() if k != "results"}
             results = chk.get("results", [])
             slim["results"] = (results if chk.get("id") in WHOLE_CHECKS
-                               else [_slim(r, devices) for r in results])
+                               else [_slim(r, share) for r in results])
             checks.append(slim)
         out["checks"] = checks
         return out
 
 
-def _slim(result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
+def _slim(result: dict[str, Any], share: Callable[[Any, Any], Any]) -> dict[str, Any]:
     get = result.get
     status = get("status")
     if status not in SLIMMED:
@@ -78,14 +79,23 @@ def _slim(result: dict[str, Any], devices: dict[Any, Any]) -> dict[str, Any]:
     device = get("device")
     if type(device) is dict:
         try:  # noqa: SIM105 (~160 a report: contextlib.suppress costs ~0.5 us each, try nothing)
-            device = devices.setdefault(tuple(device.items()), device)
+            device = share(tuple(device.items()), device)
         except TypeError:  # a nested value: not shared
             pass
     out = {"status": status, "message": get("message"), "device": device}
-    for key in KEPT_WHEN_SET:
-        value = get(key)
-        if value is not None:
-            out[key] = value
+    # KEPT_WHEN_SET, in its order, written out: a loop over the four costs ~0.3 us a result
+    value = get("value")
+    if value is not None:
+        out["value"] = value
+    value = get("unit")
+    if value is not None:
+        out["unit"] = value
+    value = get("fault_code")
+    if value is not None:
+        out["fault_code"] = value
+    value = get("remedy")
+    if value is not None:
+        out["remedy"] = value
     details = get("details")
     if details and type(details) is dict and not KEPT_DETAILS.isdisjoint(details):
         out["details"] = {k: v for k, v in details.items() if k in KEPT_DETAILS}
