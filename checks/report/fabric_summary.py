@@ -9,7 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from checks.report import summary
+
 TRANSPORT_SOURCES = ("xhost-collective", "nccl-allreduce")
+# every check read here: a fleet's summary keeps them at hand (summary.SIDE_CHECKS, a test holds
+# this set within it)
+READS = frozenset({"rdma-rails", "nccl-transport", *TRANSPORT_SOURCES})
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,8 @@ def summarise(hosts: Iterable[Any]) -> list[HostFabric]:
     runs (fleet HostEntry)."""
     rows = []
     for entry in hosts:
-        # its checks read once: a fleet's summary (summary.Packed) unpacks them on every read
-        report = {"checks": (getattr(entry, "report", None) or {}).get("checks")}
+        # the only checks read here, without unpacking a fleet's summary (summary.Packed)
+        report = {"checks": summary.side_checks(getattr(entry, "report", None) or {})}
         rails, transports, runs = _rails(report), _transports(report), _rail_runs(report)
         if rails or transports or runs:
             rows.append(HostFabric(entry.host, rails, transports, runs))

@@ -190,16 +190,25 @@ def _counting_unpacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_the_controller_unpacks_a_hosts_checks_once_per_view(tmp_path: Path, h100_report: dict[str, Any],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fabric summary (drawn in the HTML and the terminal) reads a host's checks once, not
-    once per lookup; the lemons need no walk when there are none, and stop at the GPUs they
-    name. A GPU named by two hosts (moved between them) is the first host's."""
+    """The fabric summary (drawn in the HTML and the terminal) reads the few checks it needs
+    from beside the packed ones, never unpacking them; the lemons need no walk when there are
+    none, and stop at the GPUs they name. A GPU named by two hosts (moved between them) is the
+    first host's."""
     reports = synthetic.build(5, base=h100_report)
     synthetic.set_uuid(reports[3], 2, "GPU-moved")
     synthetic.set_uuid(reports[1], 5, "GPU-moved")
+    for i, report in enumerate(reports):  # what NCCL said it used, as collective.py records it
+        chk = next(c for c in report["checks"] if c["id"] == "nccl-allreduce")
+        chk["results"][0]["details"]["transports"] = {"P2P/CUMEM": 56 - i, "SHM": i}
     fleet = aggregate.load(synthetic.write(reports, tmp_path / "run"))
     unpacked = _counting_unpacks(monkeypatch)
-    fabric_summary.summarise(fleet.hosts)
-    assert unpacked == [f"node000{i}" for i in range(5)]  # five lookups each, one unpacking
+    assert fabric_summary.READS <= summary.SIDE_CHECKS
+    rows = fabric_summary.summarise(fleet.hosts)
+    assert unpacked == []
+    assert [r.transports for r in rows] == [r.transports for r in fabric_summary.summarise(
+        [aggregate.HostEntry(h.host, h.status, report={"checks": h.report["checks"]}) for h in fleet.hosts])]
+    assert [r.transports for r in rows][:2] == ["nccl-allreduce: P2P/CUMEM x56, SHM x0",
+                                                "nccl-allreduce: P2P/CUMEM x55, SHM x1"]
 
     unpacked.clear()
     fleet.set_lemons([])
