@@ -176,7 +176,7 @@ def _aggregate(found: list[loader.HostReport], directory: Path, expected: list[s
 
 def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostReport],
                   directory: Path, expected: list[str] | None, errors: dict[str, str],
-                  args: argparse.Namespace) -> Fleet:
+                  args: argparse.Namespace, workers: pool.Pool) -> Fleet:
     """Key the run by what it holds (history.run_key); a host whose report was already counted in
     an earlier run, or (without an inventory) that reported in one of the last --lemon-runs runs
     and not now, has no fresh report: MISSING, with the run it last reported in. Then drift,
@@ -204,7 +204,7 @@ def _with_history(fleet: Fleet, store: history.History, found: list[loader.HostR
         fleet.set_drift(drift.find(fleet, store, run_id=key))
     except drift.DriftConfigError as exc:
         raise UsageError(str(exc)) from None
-    store.record(fleet, key, reports_of=as_read)
+    store.record(fleet, key, reports_of=as_read, map_=workers.map)  # the rows built in the pool
     fleet.set_lemons(store.lemons(args.lemon_failures, args.lemon_runs))
     return fleet
 
@@ -262,7 +262,7 @@ def _report(args: argparse.Namespace, console: Console, err: Console, directory:
     if not args.no_history:
         db = Path(args.history) if args.history else directory.resolve().parent / "history.sqlite"
         with history.History(db) as store:
-            fleet = _with_history(fleet, store, found, directory, expected, errors, args)
+            fleet = _with_history(fleet, store, found, directory, expected, errors, args, workers)
             events = store.config_events(args.lemon_runs)
         for run, check, failed, gpus in [] if args.quiet else events:
             err.print(f"note: run {run}: {check} failed on {failed} of {gpus} GPUs: a configuration "

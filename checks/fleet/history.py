@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,33 +194,52 @@ def _worst(a: str, b: str) -> str:
     return a if _SEVERITY[a] >= _SEVERITY[b] else b
 
 
-def _rows(fleet: Fleet, run_id: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    for entry in fleet.hosts:
-        worst: dict[tuple[str, str | None], tuple[int | None, str, str]] = {}
-        gpus: dict[str, tuple[int | None, str]] = {}
-        for chk in (entry.report or {}).get("checks", []):
-            for r in chk["results"]:
-                dev = r.get("device") or {}
-                uuid, status = dev.get("uuid"), r["status"]
-                if uuid:
-                    index, seen = gpus.get(uuid, (dev.get("index"), "SKIP"))
-                    gpus[uuid] = (index, _worst(seen, status))
-                key = (chk["id"], uuid)
-                if status in PROBLEMS and (key not in worst
-                                           or _worst(worst[key][1], status) != worst[key][1]):
-                    worst[key] = (dev.get("index"), status, r["message"])
-                for name, value in ((r.get("details") or {}).get("figures") or {}).items():
-                    if isinstance(value, int | float) and not isinstance(value, bool):
-                        yield "figures", (run_id, entry.host, chk["id"], uuid, name, value)
-        for uuid, (index, status) in gpus.items():
-            yield "gpus", (run_id, entry.host, uuid, index, status)
-        for (check_id, uuid), (index, status, message) in worst.items():
-            yield "results", (run_id, entry.host, check_id, uuid, index, status, message)
-        if entry.report is None:
-            yield "results", (run_id, entry.host, "report", None, None, "ERROR", entry.reason)
-        else:
-            yield "hosts", (run_id, entry.host, str(entry.report.get("run_id") or ""),
-                            str(entry.report.get("started_at") or ""), entry.report_finished_at)
+# one host's share of a recording: run id, host, its report (a summary), the reason it has none,
+# when it finished
+HostJob = tuple[str, str, Mapping[str, Any] | None, str | None, float | None]
+Rows = list[tuple[str, tuple[Any, ...]]]
+Mapper = Callable[[Callable[[HostJob], Rows], Iterable[HostJob]], Iterable[Rows]]
+
+
+def host_rows(job: HostJob) -> Rows:
+    """One host's rows, (table, row) in the order _rows gives them. Module-level, so that a
+    process pool can build them (record's `map_`): a walk of every result of the host's checks,
+    the controller's largest serial part of a recording."""
+    run_id, host, report, reason, finished_at = job
+    out: Rows = []
+    worst: dict[tuple[str, str | None], tuple[int | None, str, str]] = {}
+    gpus: dict[str, tuple[int | None, str]] = {}
+    for chk in (report or {}).get("checks", []):
+        for r in chk["results"]:
+            dev = r.get("device") or {}
+            uuid, status = dev.get("uuid"), r["status"]
+            if uuid:
+                index, seen = gpus.get(uuid, (dev.get("index"), "SKIP"))
+                gpus[uuid] = (index, _worst(seen, status))
+            key = (chk["id"], uuid)
+            if status in PROBLEMS and (key not in worst
+                                       or _worst(worst[key][1], status) != worst[key][1]):
+                worst[key] = (dev.get("index"), status, r["message"])
+            for name, value in ((r.get("details") or {}).get("figures") or {}).items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    out.append(("figures", (run_id, host, chk["id"], uuid, name, value)))
+    out.extend(("gpus", (run_id, host, uuid, index, status)) for uuid, (index, status) in gpus.items())
+    out.extend(("results", (run_id, host, check_id, uuid, index, status, message))
+               for (check_id, uuid), (index, status, message) in worst.items())
+    if report is None:
+        out.append(("results", (run_id, host, "report", None, None, "ERROR", reason)))
+    else:
+        out.append(("hosts", (run_id, host, str(report.get("run_id") or ""),
+                              str(report.get("started_at") or ""), finished_at)))
+    return out
+
+
+def _rows(fleet: Fleet, run_id: str, map_: Mapper | None = None) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """Every row of a recording; `map_` (the builtin map by default) may build the hosts' rows
+    in other processes, in order."""
+    jobs = ((run_id, e.host, e.report, e.reason, e.report_finished_at) for e in fleet.hosts)
+    for rows in (map_ or map)(host_rows, jobs):
+        yield from rows
     for s in fleet.stragglers:
         yield "results", (run_id, s.host, f"straggler:{s.check}/{s.name}", s.gpu.uuid if s.gpu else None,
                           s.gpu.index if s.gpu else None, s.status,
@@ -357,12 +376,14 @@ class History:
                 out[host] = _number(row[0], "hosts.finished_at")
         return out
 
-    def record(self, fleet: Fleet, run_id: str | None = None, *, reports_of: Fleet | None = None) -> str:
+    def record(self, fleet: Fleet, run_id: str | None = None, *, reports_of: Fleet | None = None,
+               map_: Mapper | None = None) -> str:
         """Append this run (replacing an earlier recording of the same run id). `reports_of`: the
-        fleet as read, before stale reports were set aside, whose reports identify the run."""
+        fleet as read, before stale reports were set aside, whose reports identify the run.
+        `map_`: as for _rows (the fleet CLI's reading pool)."""
         run_id = run_id or fleet.run_id or fleet.generated_at
         rows: dict[str, list[tuple[Any, ...]]] = {"gpus": [], "results": [], "figures": [], "hosts": []}
-        for table, row in _rows(fleet, run_id):
+        for table, row in _rows(fleet, run_id, map_):
             rows[table].append(row)
         with self._write():
             for table in rows:

@@ -4,12 +4,14 @@ process reads them, whatever the number of processes."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import re
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +93,17 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, h100_report: dict[str, Any
 
 def _outputs(run: Path, out: Path, jobs: str) -> dict[str, Any]:
     out.mkdir()
-    rc = main(["report", str(run), "-q", "--no-history", "--jobs", jobs, "--json", str(out / "fleet.json"),
+    rc = main(["report", str(run), "-q", "--history", str(out / "h.sqlite"), "--jobs", jobs,
+               "--json", str(out / "fleet.json"),
                "--junit", str(out / "junit.xml"), "--html", str(out / "fleet.html"),
                "--prometheus-dir", str(out / "prom"), "--prometheus-host-files"])
     fleet = json.loads((out / "fleet.json").read_text())
     fleet.pop("generated_at")
     html = re.sub(r"generated [0-9T:-]+Z", "generated (time)", (out / "fleet.html").read_text())
-    return {"rc": rc, "fleet": fleet, "junit": (out / "junit.xml").read_bytes(),
+    with contextlib.closing(sqlite3.connect(out / "h.sqlite")) as db:  # its rows built in the pool too
+        recorded = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+                    for table in ("gpus", "results", "figures", "hosts")}
+    return {"rc": rc, "fleet": fleet, "junit": (out / "junit.xml").read_bytes(), "history": recorded,
             "html": html,
             "prom": {p.name: p.read_bytes() for p in sorted((out / "prom").iterdir())
                      if p.name != "nodecert-fleet.prom"}}
@@ -114,6 +120,8 @@ def test_pooled_and_single_process_reading_give_the_same_outputs(run_dir: Path, 
     assert single["junit"] == pooled["junit"]
     assert single["prom"] == pooled["prom"] and len(single["prom"]) == 19  # one per readable report
     assert single["html"] == pooled["html"]
+    assert single["history"] == pooled["history"] and len(single["history"]["hosts"]) == 19
+    assert ("node0004", "gpu-count") in {(r[1], r[2]) for r in single["history"]["results"]}
 
 
 def test_a_packed_summary_reads_as_the_summary_it_packs(h100_report: dict[str, Any]) -> None:
