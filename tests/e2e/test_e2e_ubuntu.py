@@ -18,9 +18,13 @@ Four hosts, four starting points, one run (then a second that must change nothin
                     580, the holds moved, nothing of 535 left;
   noble-image       a noble L40S node whose image ships cuda-keyring (its own entry for NVIDIA's
                     repository) and unattended-upgrades configured to upgrade everything;
-  jammy-image       a jammy L40S cloud image: python3 3.10, the venv on it (when -updates lists
-                    a driver the pool does not serve, an image of the release and -security
-                    pockets alone, a node that takes security updates only: Host.fallback);
+  jammy-image       a jammy L40S cloud image (python3 3.10, the venv on it) on which an admin
+                    installed Canonical's desktop build of 580 for its kernel, as ubuntu-drivers
+                    does (nvidia-driver-580-open: its X server, DKMS, gcc and modprobe options):
+                    replaced by the server build, the desktop build purged, what only it
+                    needed removed (when -updates lists a driver the pool does not serve, an
+                    image of the release and -security pockets alone, a node that takes
+                    security updates only: Host.fallback);
   resolute-release  a resolute HGX H100 node installed from 26.04's release pocket alone (a site
                     mirror of what it certified): kernel 7.0, python3 3.14, Canonical's 580-server
                     driver, modules, Fabric Manager and NSCQ as 26.04 released them.
@@ -113,6 +117,34 @@ def start_on_branch_535(root: Path) -> None:
     apt_in(root, "apt-mark", "hold", *[p for p in installed if "535" in p])
 
 
+# Canonical's desktop build of the branch, as `ubuntu-drivers install` leaves a workstation: the
+# driver meta package and the precompiled modules of the running kernel (its DKMS, compiler and X
+# server come as dependencies).
+DESKTOP_PACKAGES = (f"nvidia-driver-{BRANCH}-open", f"linux-modules-nvidia-{BRANCH}-open-{{kernel}}")
+KMS_CONF = "etc/modprobe.d/nvidia-graphics-drivers-kms.conf"
+
+
+def autoremovable(root: Path) -> set[str]:
+    simulated = apt_in(root, "apt-get", "--simulate", "autoremove").stdout
+    return set(re.findall(r"^Remv (\S+)", simulated, re.M))
+
+
+def start_on_the_desktop_build(root: Path, kernel: str) -> list[str]:
+    """Canonical's desktop driver installed on the image (DESKTOP_PACKAGES); returns the packages
+    that install brought, so the test can tell what the move must take away with it."""
+    before = set(installed_packages(root))
+    apt_in(root, "apt-get", "update", "-q")
+    apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends",
+           *(name.format(kernel=kernel) for name in DESKTOP_PACKAGES))
+    assert (root / KMS_CONF).exists(), "Canonical's desktop build ships its modprobe options"
+    return sorted(set(installed_packages(root)) - before)
+
+
+def installed_packages(root: Path) -> list[str]:
+    shown = apt_in(root, "dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n").stdout
+    return [line.split(" ", 1)[0] for line in shown.splitlines() if line.split(" ", 1)[1].strip() == "ii"]
+
+
 def release_pocket_version(root: Path, package: str) -> str:
     """The version of package in the release pocket itself (not -updates or -security)."""
     madison = apt_in(root, "apt-cache", "madison", package).stdout
@@ -144,6 +176,7 @@ class Ubuntu:
     inventory: Path
     first: runner.Result | None
     second: runner.Result | None
+    desktop: list[str]  # what installing the desktop build brought onto jammy-image
 
 
 @pytest.fixture(scope="module")
@@ -208,9 +241,12 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
         start_on_branch_535(roots["noble-535"])
     if "noble-image" in roots:
         start_as_vendor_image(roots["noble-image"], nvidia_repo, workdir)
+    desktop: list[str] = []
+    if "jammy-image" in roots:
+        desktop = start_on_the_desktop_build(roots["jammy-image"], kernels["jammy-image"])
     inventory = workdir / "ubuntu.yml"
     if not roots:
-        return Ubuntu(roots, skipped, kernels, inventory, None, None)
+        return Ubuntu(roots, skipped, kernels, inventory, None, None, desktop)
     group_vars = {
         **base_vars,
         "cuda_toolkit_repo_url": nvidia_repo.url,
@@ -231,7 +267,7 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
         + (f", second run {second.seconds:.0f}s" if second else "")
         + "".join(f"\n  {name}: {note}" for name, note in sorted(pockets.items()) if note)
     )
-    return Ubuntu(roots, skipped, kernels, inventory, first, second)
+    return Ubuntu(roots, skipped, kernels, inventory, first, second, desktop)
 
 
 @pytest.fixture(params=sorted(HOSTS))
@@ -339,6 +375,34 @@ def test_profile_has_no_ld_library_path(ubuntu, host):
     root = ubuntu.roots[host]
     login = runner.in_root(root, "bash", "-lc", "nvcc --version; echo LD=$LD_LIBRARY_PATH").stdout
     assert "release 12.8," in login and "\nLD=\n" in login, login
+
+
+def test_the_desktop_build_was_replaced_with_what_it_brought(ubuntu):
+    """jammy-image started on Canonical's desktop build (start_on_the_desktop_build): none of its
+    packages is left, not even configuration files, so its modprobe options (modeset,
+    PreserveVideoMemoryAllocations) went with its purged nvidia-kernel-common (a copy kept); what
+    only it needed (X server, Mesa, DKMS) is gone, and apt has nothing of it left to autoremove."""
+    if "jammy-image" in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped["jammy-image"])
+    root = ubuntu.roots["jammy-image"]
+    assert ubuntu.first is not None and ubuntu.first.rc == 0, ubuntu.first
+    brought = set(ubuntu.desktop)
+    assert {f"nvidia-driver-{BRANCH}-open", "xserver-xorg-core", "dkms", "gcc"} <= brought, brought
+    shown = apt_in(root, "dpkg-query", "--show", "--showformat=${Package} ${db:Status-Abbrev}\\n").stdout
+    known = {line.split(" ", 1)[0]: line.split(" ", 1)[1].strip() for line in shown.splitlines()}
+    desktop_build = sorted(name for name in brought if re.search(rf"-{BRANCH}(-open)?(-|$)", name)
+                           and "-server" not in name)
+    assert desktop_build, brought
+    assert {name: known.get(name) for name in desktop_build} == dict.fromkeys(desktop_build), known
+    assert not (root / KMS_CONF).exists()
+    assert (root / "var/backups/nodecert/nvidia-graphics-drivers-kms.conf").read_text().strip()
+    left = sorted(name for name in brought if known.get(name) == "ii")
+    gone = {"xserver-xorg-core", "xserver-common", "dkms", "libllvm15", "libgl1-mesa-dri"}
+    assert not gone & set(left), left
+    # What stays of it, apt itself keeps: `apt` suggests dpkg-dev, which recommends gcc, and apt
+    # counts suggested and recommended packages as needed (APT::AutoRemove::SuggestsImportant).
+    assert not autoremovable(root) & brought, sorted(autoremovable(root) & brought)
+    assert "packages that only the replaced driver needed" in ubuntu.first.output
 
 
 def test_branch_535_was_replaced(ubuntu):
