@@ -38,8 +38,8 @@ WHOLE_CHECKS = frozenset({"nvl72-fabric", "imex-service"})
 KEPT_WHEN_SET = ("value", "unit", "fault_code", "remedy")
 TOP_LEVEL_DROPPED = frozenset({"checks", "system", "environment"})
 # checks the fleet's fabric summary reads (fabric_summary: drawn in the HTML and the terminal):
-# a Packed summary keeps them unpacked beside the packed ones too (side_checks), so that view
-# never unpacks a host's checks (two walks of every host's packed checks, ~0.35 ms a host)
+# a Packed summary packs them apart too (side_checks), so that view never unpacks all of a host's
+# checks (two walks of every host's packed checks, ~0.35 ms a host; these few, ~0.02 ms)
 SIDE_CHECKS = frozenset({"rdma-rails", "nccl-transport", "nccl-allreduce", "xhost-collective"})
 
 
@@ -117,14 +117,15 @@ class Packed(Mapping[str, Any]):
     __slots__ = ("_blob", "_side", "_top", "checks_count")
 
     def __init__(self, top: dict[str, Any], checks: list[dict[str, Any]] | bytes,
-                 checks_count: int | None = None, side: list[dict[str, Any]] | None = None) -> None:
+                 checks_count: int | None = None, side: bytes = b"") -> None:
         self._top = top
         if isinstance(checks, bytes):
-            self._blob, self.checks_count, self._side = checks, checks_count or 0, side or []
+            self._blob, self.checks_count, self._side = checks, checks_count or 0, side
         else:
-            self._blob = zlib.compress(pickle.dumps(checks, pickle.HIGHEST_PROTOCOL), 1)
+            self._blob = _packed(checks)
             self.checks_count = len(checks)
-            self._side = _side_checks(checks)
+            found = _side_checks(checks)  # as unpacked objects they took ~3 kB a host
+            self._side = _packed(found) if found else b""
 
     def __getitem__(self, key: str) -> Any:
         if key == "checks":
@@ -149,6 +150,10 @@ class Packed(Mapping[str, Any]):
         return Packed({**self._top, "host": host}, self._blob, self.checks_count, self._side)
 
 
+def _packed(checks: list[dict[str, Any]]) -> bytes:
+    return zlib.compress(pickle.dumps(checks, pickle.HIGHEST_PROTOCOL), 1)
+
+
 def _side_checks(checks: Any) -> list[dict[str, Any]]:
     return [chk for chk in checks or [] if chk.get("id") in SIDE_CHECKS]
 
@@ -158,7 +163,7 @@ def side_checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     (a Packed summary's without unpacking the others): what a reader of only those checks sees
     in `checks`."""
     if isinstance(report, Packed):
-        return report._side
+        return pickle.loads(zlib.decompress(report._side)) if report._side else []
     return _side_checks(report.get("checks"))
 
 
