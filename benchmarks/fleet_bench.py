@@ -17,7 +17,10 @@ CPUs). Each run prints its wall s, its own CPU s and peak RSS, and the pool's wo
 largest worker's peak RSS (getrusage), which validator and parser it used; run it with the venv
 users get (no dev extras), docs/fleet-memory.md says how. The scale goal: 10 000 hosts in <= 5 s
 and <= 500 MB. `--compare DIR` aggregates each fleet also with the `checks` package found in DIR
-(an earlier version: `git archive REV checks | tar -x -C DIR`), in one process, printed below.
+(an earlier version with the reading pool, 09534f4 or later: `git archive REV checks | tar -x -C
+DIR`), in one process and with the same pool, printed below. `--report` also times the whole
+`python -m checks.fleet report` users run (fleet.json, JUnit, HTML, a fresh history; the terminal
+table to /dev/null) with the same processes, for this code and DIR's.
 """
 
 from __future__ import annotations
@@ -69,8 +72,37 @@ print(json.dumps({"hosts": len(fleet.hosts), "verdict": fleet.verdict, "wall": w
 """
 
 
+# --report: the whole command users run, python -m checks.fleet report with its usual outputs
+# (fleet.json, JUnit, HTML, a fresh history), the terminal table to /dev/null
+_REPORT_CHILD = """
+import json, os, resource, sys, tempfile, time
+sys.path.insert(0, sys.argv[2])
+from checks.fleet.fleet_cli import main
+with tempfile.TemporaryDirectory() as out:
+    w0 = time.perf_counter()
+    with open(os.devnull, "w") as sys.stdout:
+        rc = main(["report", sys.argv[1], "--jobs", sys.argv[3], "--json", out + "/fleet.json",
+                   "--junit", out + "/junit.xml", "--html", out + "/fleet.html",
+                   "--history", out + "/history.sqlite"])
+    sys.stdout = sys.__stdout__
+    wall = time.perf_counter() - w0
+self_, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall": wall, "cpu": self_.ru_utime + self_.ru_stime,
+                  "workers_cpu": workers.ru_utime + workers.ru_stime,
+                  "rss_mb": self_.ru_maxrss / 1024, "worker_rss_mb": workers.ru_maxrss / 1024}))
+"""
+
+
+def _report_in_child(directory: Path, root: str, jobs: int) -> dict[str, Any]:
+    return _in_child(_REPORT_CHILD, directory, root, jobs)
+
+
 def _aggregate_in_child(directory: Path, root: str, jobs: int = 1) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(directory), root, str(jobs)],
+    return _in_child(_CHILD, directory, root, jobs)
+
+
+def _in_child(code: str, directory: Path, root: str, jobs: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code, str(directory), root, str(jobs)],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"aggregating with {root} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -85,10 +117,12 @@ def _line(label: str, got: dict[str, Any], width: int) -> str:
             f"peak RSS {got['rss_mb']:4.0f} MB")
 
 
-def run_scale(sizes: list[int], check: bool, compare: str | None = None, jobs: int | None = None) -> int:
+def run_scale(sizes: list[int], check: bool, compare: str | None = None, jobs: int | None = None,
+              report: bool = False) -> int:
     """Each fleet size aggregated in a fresh child process: wall, CPU, peak RSS; in one process,
     and with `jobs` reading processes (checks.supervise.pool; default: as python -m checks.fleet
-    report chooses), and with the code in `compare` (one process), side by side."""
+    report chooses), and with the code in `compare`, side by side. `report`: the whole command
+    too (_REPORT_CHILD), with the same processes."""
     root = str(Path(__file__).resolve().parents[1])
     base = synthetic.base_report()
     over = False
@@ -100,8 +134,16 @@ def run_scale(sizes: list[int], check: bool, compare: str | None = None, jobs: i
                 ours = {"one process": _aggregate_in_child(directory, root)}
                 if workers > 1:
                     ours[f"{workers} reading processes"] = _aggregate_in_child(directory, root, workers)
-                runs = {**ours, **({f"{compare} (one process)": _aggregate_in_child(directory, compare)}
-                                   if compare else {})}
+                runs = dict(ours)
+                if compare:
+                    runs[f"{compare} (one process)"] = _aggregate_in_child(directory, compare)
+                    if workers > 1:
+                        runs[f"{compare} ({workers} reading processes)"] = _aggregate_in_child(
+                            directory, compare, workers)
+                commands = {} if not report else {
+                    label: _report_in_child(directory, where, workers)
+                    for label, where in (("report", root), (f"{compare} report", compare or ""))
+                    if where}
             except RuntimeError as exc:
                 print(f"error: {n} hosts: {exc}")
                 return 1
@@ -111,6 +153,10 @@ def run_scale(sizes: list[int], check: bool, compare: str | None = None, jobs: i
         for label, got in runs.items():
             assert got["hosts"] == n and got["verdict"] == "PASS", got
             print(_line(label, got, max(map(len, runs))), flush=True)
+        if commands:
+            print(f"  python -m checks.fleet report --json --junit --html, fresh history, --jobs {workers}:")
+            for label, got in commands.items():
+                print(_line(label, got, max(map(len, runs))) + f"  exit {got['rc']}", flush=True)
         hosts, goal_s, goal_mb = SCALE_GOAL
         best = min(ours.values(), key=lambda got: got["wall"])
         if n == hosts and (best["wall"] > goal_s or best["rss_mb"] > goal_mb):
@@ -141,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     "package in DIR (an earlier version)")
     p.add_argument("--jobs", type=int, metavar="N", help="with --scale: reading processes of the pooled "
                                                          "run (default: as python -m checks.fleet chooses)")
+    p.add_argument("--report", action="store_true", help="with --scale: also time the whole python -m "
+                                                         "checks.fleet report (JSON, JUnit, HTML, history)")
     args = p.parse_args(argv)
     if args.scale:
         try:
@@ -151,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             p.exit(2, f"error: --compare {args.compare}: no checks/report/aggregate.py there\n")
         if args.jobs is not None and args.jobs < 1:
             p.exit(2, f"error: --jobs {args.jobs}: give 1 or more processes\n")
-        return run_scale(sizes, args.check, args.compare, args.jobs)
+        return run_scale(sizes, args.check, args.compare, args.jobs, args.report)
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         t0 = time.perf_counter()
