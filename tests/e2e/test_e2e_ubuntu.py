@@ -28,7 +28,8 @@ Four hosts, four starting points, one run (then a second that must change nothin
   resolute-release  a resolute HGX H100 node installed from 26.04's release pocket alone (a site
                     mirror of what it certified): kernel 7.0, python3 3.14, Canonical's 580-server
                     driver, modules, Fabric Manager and NSCQ as 26.04 released them.
-Check mode on a fresh image of each release leaves it byte-identical. A debootstrapped jammy root
+On each, the installed checks run in the venv on the release's own Python (--simulate: PASS
+and exit 0 for a healthy node, FAIL and exit 1 for an XID 79). Check mode on a fresh image of each release leaves it byte-identical. A debootstrapped jammy root
 dressed as 20.04 must be refused in the first check.
 
 torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
@@ -487,6 +488,18 @@ def test_venv_with_the_stand_in_torch(ubuntu, host):
     imports = runner.in_root(root, "/opt/nodecert/venv/bin/python", "-c", "import checks, trainer, numpy")
     assert imports.returncode == 0, imports.stderr
     assert re.search(r"^nodecert @ file:///opt/nodecert/dist/nodecert-", lock, re.M)
+
+
+def test_the_node_checks_run_on_the_release_python(ubuntu, host):
+    """The installed checks run in the node's venv on the release's own Python (3.10 on 22.04, 3.14
+    on 26.04), through the same code as on a GPU node, the fixture backend standing in for NVML:
+    a healthy HGX H100 PASSes (exit 0), an XID 79 (GPU fallen off the bus) FAILs (exit 1)."""
+    verdicts = {}
+    for scenario in ("h100-sxm-8x-healthy", "fault-xid-79"):
+        run = runner.in_root(ubuntu.roots[host], "/opt/nodecert/venv/bin/python", "-m", "checks",
+                             "--simulate", scenario, check=False)
+        verdicts[scenario] = (run.returncode, run.stdout.strip().splitlines()[-1].split()[0])
+    assert verdicts == {"h100-sxm-8x-healthy": (0, "PASS"), "fault-xid-79": (1, "FAIL")}, verdicts
 
 
 def test_a_release_out_of_standard_support_is_refused_before_any_change(
