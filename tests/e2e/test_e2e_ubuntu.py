@@ -31,10 +31,12 @@ Four hosts, four starting points, one run (then a second that must change nothin
 On each, the installed checks run in the venv on the release's own Python (--simulate: PASS and
 exit 0 for a healthy node, FAIL and exit 1 for an XID 79). Check mode on a fresh image of each
 release leaves it byte-identical. A debootstrapped jammy root dressed as 20.04 must be refused in
-the first check. torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu
-hosts install a stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch) beside
-this project's wheel and its dependencies built for the release's own Python (3.10, 3.12, 3.14),
-which import there.
+the first check.
+
+torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
+stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch) beside this project's
+wheel and its dependencies built for the release's own Python (3.10, 3.12, 3.14), which import
+there.
 """
 
 from __future__ import annotations
