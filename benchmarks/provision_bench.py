@@ -2,15 +2,18 @@
 
     sudo .venv/bin/python benchmarks/provision_bench.py                  # Debian 12 GPU-less images
     sudo .venv/bin/python benchmarks/provision_bench.py --release noble  # Ubuntu 24.04 GPU nodes
+    ... --release jammy | resolute                                       # Ubuntu 22.04 / 26.04
     NODECERT_E2E_PROFILE=1 ...   also prints each run's slowest tasks (ansible.posix.profile_tasks)
 
 Uses the end-to-end test harness (tests/e2e/e2elib): roots reached through Ansible's chroot
 connection, the signed stand-in of NVIDIA's repository on 127.0.0.1, torch from a local
 wheelhouse. debian12: GPU-less images (CUDA toolkit, NCCL, real torch CPU wheel), every package
-from the stand-in or the roots' own lists. noble: L40S nodes from the Ubuntu cloud-image root,
-Canonical's real driver and precompiled modules from Ubuntu's archive through the caching apt
-proxy (each file downloaded once, then served from .cache/e2e/apt-proxy/ to every host), a
-stand-in torch wheel (noble's Python is 3.12).
+from the stand-in or the roots' own lists. jammy, noble, resolute: L40S nodes from the Ubuntu
+cloud-image root of that release (as test_e2e_ubuntu builds them: resolute from its release
+pocket; jammy from its release and -security pockets when -updates lists a driver the pool does
+not serve), Canonical's real driver and precompiled modules from Ubuntu's archive through the
+caching apt proxy (each file downloaded once, then served from .cache/e2e/apt-proxy/ to every
+host), a stand-in torch wheel for the release's Python (3.10, 3.12, 3.14).
 
 Goals (issue 10): second run <= 10 s per host; four hosts <= 1.5x one host, first run too.
 It also prints the CPU time of each run (ansible-playbook and everything it ran, in the roots
@@ -77,20 +80,29 @@ def provision_twice(
     return (times[0], times[1]), (cpu[0], cpu[1])
 
 
+# release -> (Release, its python3, the pockets of its image, the pockets to fall back to)
+UBUNTU = {
+    "jammy": (rootfs.UBUNTU_2204, "3.10", rootfs.ALL_POCKETS, rootfs.SECURITY_POCKETS),
+    "noble": (rootfs.UBUNTU_2404, "3.12", rootfs.ALL_POCKETS, None),
+    "resolute": (rootfs.UBUNTU_2604, "3.14", rootfs.RELEASE_POCKET_ONLY, None),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release", choices=("debian12", "noble"), default="debian12")
+    parser.add_argument("--release", choices=("debian12", *UBUNTU), default="debian12")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("error: needs root (debootstrap, chroot, unshare)", file=sys.stderr)
         return 2
-    if args.release == "noble" and (reason := rootfs.archive_answers(rootfs.UBUNTU_2404)):
+    ubuntu = UBUNTU.get(args.release)
+    if ubuntu and (reason := rootfs.archive_answers(ubuntu[0])):
         print(f"error: no Ubuntu archive: {reason}", file=sys.stderr)
         return 2
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=CACHE))
     proxy = aptproxy.CachingProxy(CACHE / "apt-proxy").start()
-    repo = aptrepo.build_and_serve(work / "repo", os.uname().release, only_nvidia=args.release == "noble")
+    repo = aptrepo.build_and_serve(work / "repo", os.uname().release, only_nvidia=ubuntu is not None)
     project = work / "project"
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -107,9 +119,21 @@ def main(argv: list[str] | None = None) -> int:
         "pytorch_nodecert_source": str(project),
         "pytorch_import_check": ["torch", "checks"],
     }
-    if args.release == "noble":
-        tarball = rootfs.cached_ubuntu_image(rootfs.UBUNTU_2404, CACHE, proxy.url, proxy.apt_config())
-        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, "3.12", True)
+    if ubuntu:
+        try:
+            release, _, pockets, fallback = ubuntu
+            tarball, note = rootfs.ubuntu_image_or_fallback(
+                release, CACHE, proxy.url, proxy.apt_config(), pockets, fallback
+            )
+            if note:
+                print(f"{release.suite}: {note}")
+        except rootfs.ArchiveGap as gap:
+            repo.stop()
+            proxy.stop()
+            shutil.rmtree(work, ignore_errors=True)
+            print(f"error: no {args.release} image with precompiled modules today: {gap}", file=sys.stderr)
+            return 2
+        wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, ubuntu[1], True)
     else:
         tarball = rootfs.cached_tarball(rootfs.DEBIAN_12, CACHE)
         wheels = wheelhouse.cached_wheelhouse(REPO, CACHE)
@@ -118,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         root = rootfs.unpack(tarball, work / "hosts" / name)
         rootfs.use_proxy(root, proxy.apt_config())
         wheelhouse.link_into(wheels, root)
-        if args.release == "noble":
+        if ubuntu:
             runner.fake_pci_device(root, "0000:3b:00.0", "26b9", "0x030200")  # an L40S
         return root
 
@@ -132,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy.stop()
         shutil.rmtree(work, ignore_errors=True)
     cores = len(os.sched_getaffinity(0))
-    title = "provision.yml, " + ("Ubuntu 24.04 L40S nodes" if args.release == "noble" else "Debian 12 images")
+    title = "provision.yml, " + (f"{ubuntu[0].suite} L40S nodes" if ubuntu else "Debian 12 images")
     print(f"{title:<42}{'first run':>12}{'second run':>12}")
     print(f"{'1 host':<42}{one[0]:>11.1f}s{one[1]:>11.1f}s")
     print(f"{'4 hosts, forks=4':<42}{four[0]:>11.1f}s{four[1]:>11.1f}s")

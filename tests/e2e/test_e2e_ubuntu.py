@@ -196,20 +196,10 @@ def proxy():
 
 
 def ubuntu_image(host: Host, proxy: aptproxy.CachingProxy) -> tuple[Path, str]:
-    """The image tarball of the host's release and pockets, and '' -- or, when those pockets list
-    a driver the pool does not serve and the host has a fallback, the image of its fallback
-    pockets and a note saying why (printed with the run's figures). ArchiveGap when neither."""
-    try:
-        image = rootfs.cached_ubuntu_image(host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets)
-        return image, ""
-    except rootfs.ArchiveGap as gap:
-        if host.fallback is None:
-            raise
-        tarball = rootfs.cached_ubuntu_image(
-            host.release, CACHE, proxy.url, proxy.apt_config(), host.fallback
-        )
-        suites = " ".join(f"{host.release.suite}{p}" for p in host.fallback)
-        return tarball, f"built from {suites} alone: {gap}"
+    """The host's image and '', or its fallback's and why (rootfs.ubuntu_image_or_fallback)."""
+    return rootfs.ubuntu_image_or_fallback(
+        host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets, host.fallback
+    )
 
 
 @pytest.fixture(scope="module")

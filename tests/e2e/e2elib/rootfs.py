@@ -361,6 +361,27 @@ def cached_ubuntu_image(
     return tarball
 
 
+def ubuntu_image_or_fallback(
+    release: Release,
+    cache_dir: Path,
+    proxy_url: str,
+    apt_config: str,
+    pockets: tuple[str, ...],
+    fallback: tuple[str, ...] | None,
+) -> tuple[Path, str]:
+    """(cached_ubuntu_image of these pockets, '') -- or, when they list a driver the pool does not
+    serve and there is a fallback, the image of the fallback pockets and a note saying why.
+    ArchiveGap when neither can be built."""
+    try:
+        return cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, pockets), ""
+    except ArchiveGap as gap:
+        if fallback is None:
+            raise
+        tarball = cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, fallback)
+        suites = " ".join(f"{release.suite}{pocket}" for pocket in fallback)
+        return tarball, f"built from {suites} alone: {gap}"
+
+
 def unpack(tarball: Path, dest: Path) -> Path:
     """A fresh copy of the root at dest."""
     if dest.exists():
