@@ -221,7 +221,8 @@ def host_rows(job: HostJob) -> Rows:
                                        or _worst(worst[key][1], status) != worst[key][1]):
                 worst[key] = (dev.get("index"), status, r["message"])
             for name, value in ((r.get("details") or {}).get("figures") or {}).items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
+                # NaN and infinities measured nothing: no figure (SQLite stores NaN as NULL)
+                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                     out.append(("figures", (run_id, host, chk["id"], uuid, name, value)))
     out.extend(("gpus", (run_id, host, uuid, index, status)) for uuid, (index, status) in gpus.items())
     out.extend(("results", (run_id, host, check_id, uuid, index, status, message))

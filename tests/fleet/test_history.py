@@ -196,3 +196,27 @@ def test_an_older_history_gains_the_new_tables(tmp_path, h100_report) -> None:
         assert store.run_key(fleet) == "r0"  # recorded before fingerprints: replaced as before
         store.record(fleet)
         assert store.runs() == ["r0"] and store.run_key(fleet) == "r0"
+
+
+def test_a_figure_that_is_not_a_number_is_left_out_of_the_history(tmp_path, h100_report) -> None:
+    """A report whose figure is NaN or infinite (a measurement that produced no number: json and
+    the fleet's reader take both) is recorded without that figure: SQLite would store NaN as NULL,
+    which the figures table refuses, and the whole report command ended in a history error."""
+    directory, db = tmp_path / "reports" / "run", tmp_path / "history.sqlite"
+    reports = synthetic.build(2, base=h100_report, run_id="nan-run")
+    planted = []
+    for chk in reports[1]["checks"]:
+        for result in chk["results"]:
+            figures = (result.get("details") or {}).get("figures") or {}
+            for name in figures:
+                if len(planted) < 2:
+                    figures[name] = float("nan") if not planted else float("inf")
+                    planted.append((chk["id"], (result.get("device") or {}).get("uuid"), name))
+    assert len(planted) == 2
+    synthetic.write(reports, directory)
+    doc = _report(directory, db)
+    assert doc["history_run"] == "nan-run"
+    rows = sqlite3.connect(db).execute("SELECT check_id, gpu_uuid, name, value FROM figures "
+                                       "WHERE host = ?", (reports[1]["host"],)).fetchall()
+    assert rows and all(value == value and abs(value) != float("inf") for *_, value in rows)
+    assert not {(c, u, n) for c, u, n, _ in rows} & set(planted)
