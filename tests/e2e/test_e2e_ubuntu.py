@@ -12,7 +12,7 @@ on the controller (each file downloaded once, kept across runs), maintainer scri
 what NVIDIA alone ships (cuda-keyring, cuda-toolkit-12-8, libnccl2/-dev) comes from the signed
 stand-in of NVIDIA's repository, in its NVIDIA-only form.
 
-Four hosts, four starting points, one run (then a second that must change nothing):
+Five hosts, five starting points, one run (then a second that must change nothing):
   noble-535         a noble HGX H100 node running branch 535 from noble's release pocket (the
                     genuine 535, before Ubuntu made 535-server transitional), held: upgraded to
                     580, the holds moved, nothing of 535 left;
@@ -25,13 +25,22 @@ Four hosts, four starting points, one run (then a second that must change nothin
                     needed removed (when -updates lists a driver the pool does not serve, an
                     image of the release and -security pockets alone, a node that takes
                     security updates only: Host.fallback);
+  noble-release     a noble HGX H100 node installed from 24.04's release pocket alone, on the
+                    branch noble released with (nvidia_driver_branch 535: Canonical's genuine
+                    535.161.08 -server, its precompiled open modules for 6.8.0-31, Fabric Manager
+                    and NSCQ 535): noble end to end whatever its -updates pool serves;
   resolute-release  a resolute HGX H100 node installed from 26.04's release pocket alone (a site
                     mirror of what it certified): kernel 7.0, python3 3.14, Canonical's 580-server
                     driver, modules, Fabric Manager and NSCQ as 26.04 released them.
 On each, the installed checks run in the venv on the release's own Python (--simulate: PASS and
 exit 0 for a healthy node, FAIL and exit 1 for an XID 79). Check mode on a fresh image of each
-release leaves it byte-identical. A debootstrapped jammy root dressed as 20.04 must be refused in
-the first check.
+release leaves it byte-identical. On each release whose kernel came with its meta package, a
+kernel ABI move under that release's own unattended-upgrades lands with its modules, or stays out
+when its modules need another driver, and never stops the other updates of the run. A
+debootstrapped jammy root dressed as 20.04 must be refused in the first check.
+
+NODECERT_E2E_UBUNTU_HOSTS=noble-release,resolute-release runs those hosts alone (the others are
+skipped, saying so): for working on one release.
 
 torch: the local torch wheel is built for CPython 3.11 (Debian 12); the Ubuntu hosts install a
 stand-in wheel named torch 2.13.0 (py3-none-any, importable, not PyTorch) beside this project's
@@ -69,12 +78,16 @@ class Host:
     # the pockets of the image built instead when `pockets` list a driver the pool does not serve
     # (rootfs.ArchiveGap): a node whose sources name the release and -security pockets alone
     fallback: tuple[str, ...] | None = None
+    branch: str = BRANCH  # nvidia_driver_branch (the image's kernel has its precompiled modules)
 
 
 HOSTS = {
     "noble-535": Host(rootfs.UBUNTU_2404, "3.12", devices="hgx"),
     "noble-image": Host(rootfs.UBUNTU_2404, "3.12", devices="l40s"),
     "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s", fallback=rootfs.SECURITY_POCKETS),
+    "noble-release": Host(
+        rootfs.UBUNTU_2404, "3.12", devices="hgx", pockets=rootfs.RELEASE_POCKET_ONLY, branch="535"
+    ),
     "resolute-release": Host(rootfs.UBUNTU_2604, "3.14", devices="hgx", pockets=rootfs.RELEASE_POCKET_ONLY),
 }
 # The genuine 535 in noble's release pocket (-updates has only the transitional 535 -> 580).
@@ -198,7 +211,7 @@ def proxy():
 def ubuntu_image(host: Host, proxy: aptproxy.CachingProxy) -> tuple[Path, str]:
     """The host's image and '', or its fallback's and why (rootfs.ubuntu_image_or_fallback)."""
     return rootfs.ubuntu_image_or_fallback(
-        host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets, host.fallback
+        host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets, host.fallback, host.branch
     )
 
 
@@ -208,7 +221,11 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
     skipped: dict[str, str] = {}
     kernels: dict[str, str] = {}
     pockets: dict[str, str] = {}
+    only = {n for n in os.environ.get("NODECERT_E2E_UBUNTU_HOSTS", "").split(",") if n}
     for name, host in HOSTS.items():
+        if only and name not in only:
+            skipped[name] = f"not in NODECERT_E2E_UBUNTU_HOSTS={','.join(sorted(only))}"
+            continue
         reason = rootfs.archive_answers(host.release, timeout=PROBE_TIMEOUT)
         if reason:
             skipped[name] = f"no Ubuntu archive: {reason}"
@@ -245,7 +262,8 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
         "cuda_toolkit_repo_key_checksum": nvidia_repo.key_checksum,
         "preflight_gpu_distributions": ["Ubuntu"],  # the default: these are Ubuntu roots
     }
-    runner.write_inventory(inventory, roots, chroot_wrapper, group_vars)
+    host_vars = {name: {"nvidia_driver_branch": HOSTS[name].branch} for name in roots}
+    runner.write_inventory(inventory, roots, chroot_wrapper, group_vars, host_vars)
     first = runner.run_playbook(
         "provision.yml", inventory, ansible_home("ubuntu"), forks=len(roots), timeout=1800
     )
@@ -292,21 +310,21 @@ def test_second_run_changes_nothing(ubuntu, host):
 
 
 def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
-    root, kernel = ubuntu.roots[host], ubuntu.kernels[host]
+    root, kernel, branch = ubuntu.roots[host], ubuntu.kernels[host], HOSTS[host].branch
     held = runner.selections(root)
     expected = [
-        f"nvidia-headless-no-dkms-{BRANCH}-server-open",
-        f"nvidia-utils-{BRANCH}-server",
-        f"libnvidia-compute-{BRANCH}-server",
-        f"nvidia-compute-utils-{BRANCH}-server",
-        f"nvidia-kernel-common-{BRANCH}-server",
-        f"linux-modules-nvidia-{BRANCH}-server-open-{kernel}",
+        f"nvidia-headless-no-dkms-{branch}-server-open",
+        f"nvidia-utils-{branch}-server",
+        f"libnvidia-compute-{branch}-server",
+        f"nvidia-compute-utils-{branch}-server",
+        f"nvidia-kernel-common-{branch}-server",
+        f"linux-modules-nvidia-{branch}-server-open-{kernel}",
     ]
     assert {p: held.get(p) for p in expected} == dict.fromkeys(expected, "hold")
     # Canonical's build from the archive (not a stand-in), one upstream version throughout.
-    utils = runner.package_version(root, f"nvidia-utils-{BRANCH}-server")
-    assert re.fullmatch(rf"{BRANCH}\.\d+\.\d+-0ubuntu\S+", utils), utils
-    assert upstream(runner.package_version(root, f"libnvidia-compute-{BRANCH}-server")) == upstream(utils)
+    utils = runner.package_version(root, f"nvidia-utils-{branch}-server")
+    assert re.fullmatch(rf"{branch}\.\d+\.\d+-0ubuntu\S+", utils), utils
+    assert upstream(runner.package_version(root, f"libnvidia-compute-{branch}-server")) == upstream(utils)
     assert not [p for p in held if p.startswith("nvidia-dkms-")], "precompiled modules: no DKMS"
 
 
@@ -316,7 +334,7 @@ def test_flavour_meta_package_follows_the_kernel(ubuntu, host):
     note = rootfs.image_note(ubuntu.roots[host])
     if note.get("meta") != "yes":
         pytest.skip(f"the image has no kernel meta package: {note.get('meta')}")
-    meta = f"linux-modules-nvidia-{BRANCH}-server-open-generic"
+    meta = f"linux-modules-nvidia-{HOSTS[host].branch}-server-open-generic"
     assert runner.selections(ubuntu.roots[host]).get(meta) == "install", meta
 
 
@@ -339,8 +357,9 @@ def test_fabric_manager_and_nscq_on_the_nvswitch_boards(ubuntu, host):
     if HOSTS[host].devices != "hgx":
         assert not [p for p in held if p.startswith(("nvidia-fabricmanager", "libnvidia-nscq"))]
         return
-    driver = upstream(runner.package_version(root, f"nvidia-utils-{BRANCH}-server"))
-    for package in (f"nvidia-fabricmanager-{BRANCH}", f"libnvidia-nscq-{BRANCH}"):
+    branch = HOSTS[host].branch
+    driver = upstream(runner.package_version(root, f"nvidia-utils-{branch}-server"))
+    for package in (f"nvidia-fabricmanager-{branch}", f"libnvidia-nscq-{branch}"):
         assert held.get(package) == "hold", package
         assert upstream(runner.package_version(root, package)) == driver, package
     unit = root / "usr/lib/systemd/system/nvidia-fabricmanager.service"
@@ -530,7 +549,7 @@ def test_a_release_out_of_standard_support_is_refused_before_any_change(
     assert rootfs.tree_digest(root, exclude=scratch) == before, "the refused root changed"
 
 
-@pytest.mark.parametrize("name", ["noble-image", "jammy-image", "resolute-release"])
+@pytest.mark.parametrize("name", ["noble-image", "jammy-image", "noble-release", "resolute-release"])
 def test_check_mode_on_a_fresh_node_changes_nothing(
     name, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
 ):
@@ -538,6 +557,9 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
     it passes (noble's own libnccl2 2.18.5 in multiverse is no reason to stop) and leaves the root
     byte-identical (no apt planner log, no package lists, no holds)."""
     host = HOSTS[name]
+    only = {n for n in os.environ.get("NODECERT_E2E_UBUNTU_HOSTS", "").split(",") if n}
+    if only and name not in only:
+        pytest.skip(f"not in NODECERT_E2E_UBUNTU_HOSTS={','.join(sorted(only))}")
     reason = rootfs.archive_answers(host.release, timeout=PROBE_TIMEOUT)
     if reason:
         pytest.skip(f"no Ubuntu archive: {reason}")
@@ -561,7 +583,8 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
     scratch = ("root/.ansible",)
     before = rootfs.tree_digest(root, exclude=scratch)
     inventory = runner.write_inventory(
-        workdir / f"ubuntu-check-{name}.yml", {f"{name}-check": root}, chroot_wrapper, group_vars
+        workdir / f"ubuntu-check-{name}.yml", {f"{name}-check": root}, chroot_wrapper, group_vars,
+        {f"{name}-check": {"nvidia_driver_branch": host.branch}},
     )
     result = runner.run_playbook(
         "provision.yml", inventory, ansible_home(f"ubuntu-check-{name}"), "--check", "--diff"
@@ -574,7 +597,7 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
     assert "a real run installs cuda-toolkit-12-8" in result.output
     # Canonical's driver is in the archive already: apt resolved it, in its simulation.
     simulated = re.search(r"Check mode: a real run installs ([^\"]*)", result.output)
-    assert simulated and f"nvidia-utils-{BRANCH}-server" in simulated.group(1), result
+    assert simulated and f"nvidia-utils-{host.branch}-server" in simulated.group(1), result
 
 
 # --- A kernel ABI move under the real unattended-upgrades -------------------------------------
@@ -582,40 +605,77 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
 # unattended-upgrades installs in minimal steps: each upgradable package with what it drags along,
 # in an order that iterates a Python set (upgrade_order in unattended-upgrade), so PYTHONHASHSEED
 # decides whether the kernel's meta package (linux-image-virtual -> linux-image-<abi>) or the
-# modules' meta package (linux-modules-nvidia-580-server-open-generic -> ...-<abi>, which brings the
-# kernel along) goes first; a step dpkg refuses ends the whole run ("Installing the upgrades
-# failed!", every later step with it). The packages of the new ABI are stand-ins with the control
-# fields of Canonical's (Depends as resolute's 7.0.0-14 packages read); u-u, apt, dpkg and the
-# role's guard are real.
-MOVED_KERNEL = "7.0.0-99-generic"
-MOVED_VERSION = "7.0.0-99.99"
+# modules' meta package (linux-modules-nvidia-<branch>-server-open-generic -> ...-<abi>, which
+# brings the kernel along) goes first; a step dpkg refuses ends the whole run ("Installing the
+# upgrades failed!", every later step with it). The packages of the new ABI are stand-ins with the
+# control fields of Canonical's (Depends as resolute's 7.0.0-14 and noble's 6.8.0-31 packages
+# read); u-u (each release's own), apt, dpkg and the role's guard are real.
 CANARY = "nodecert-e2e-canary"  # an unrelated update in the same run (curl's role on a real day)
 # The new kernel's modules as Canonical builds them: for the installed driver ("fits"), or for a
-# newer driver this node does not have (the archive's driver moved first, the role holds it).
-NEWER_DRIVER = "580.196.07"
-UU_CASES = [("fits", seed) for seed in (0, 1, 2)] + [("other-driver", seed) for seed in (0, 1)]
+# newer driver of the branch this node does not have (the archive's driver moved first, the role
+# holds it). The newer version only has to be newer than the installed one.
+NEWER_DRIVER = {"580": "580.196.07", "535": "535.288.01"}
+# Each release's provisioned node whose kernel came with its meta package (a kernel ABI move
+# reaches a node only through it), and the hash seeds tried: every ordering on 26.04 (seeds 0-2
+# cover both), two seeds on the others (CI time).
+UU_CASES = (
+    [("resolute-release", "fits", seed) for seed in (0, 1, 2)]
+    + [("resolute-release", "other-driver", seed) for seed in (0, 1)]
+    + [(name, variant, seed) for name in ("jammy-image", "noble-release")
+       for variant, seed in (("fits", 0), ("fits", 1), ("other-driver", 0))]
+)
 
 
-def kernel_move_packages(driver: str) -> list[aptrepo.Package]:
-    prefix = f"linux-modules-nvidia-{BRANCH}-server-open-"
-    common = f"nvidia-kernel-common-{BRANCH}-server"
+@dataclass(frozen=True)
+class KernelMove:
+    """The ABI the stand-in packages move a node to: the running kernel's version with ABI 999
+    (linux-image-<abi> at <base>-999.999; the meta packages at <base>.999.999, newer than any meta
+    version the releases use: 5.15.0.164.159 on jammy, 6.8.0-31.31 on noble)."""
+
+    branch: str
+    base: str  # "7.0.0" of 7.0.0-14-generic
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.base}-999-generic"
+
+    @property
+    def version(self) -> str:
+        return f"{self.base}-999.999"
+
+    @property
+    def meta_version(self) -> str:
+        return f"{self.base}.999.999"
+
+    @property
+    def modules(self) -> str:
+        return f"linux-modules-nvidia-{self.branch}-server-open-{self.kernel}"
+
+    @property
+    def nvidia_ko(self) -> str:
+        return f"lib/modules/{self.kernel}/kernel/nvidia-{self.branch}srv-open/nvidia.ko"
+
+
+def kernel_move_packages(move: KernelMove, driver: str) -> list[aptrepo.Package]:
+    prefix = f"linux-modules-nvidia-{move.branch}-server-open-"
+    common = f"nvidia-kernel-common-{move.branch}-server"
     stub = ("stand-in\n", 0o644)
     return [
-        aptrepo.Package(f"linux-modules-{MOVED_KERNEL}", MOVED_VERSION,
-                        files={f"lib/modules/{MOVED_KERNEL}/kernel/stand-in.ko": stub}),
-        aptrepo.Package(f"linux-image-{MOVED_KERNEL}", MOVED_VERSION,
-                        depends=[f"linux-modules-{MOVED_KERNEL}"],
-                        files={f"boot/vmlinuz-{MOVED_KERNEL}": stub}),
-        aptrepo.Package("linux-image-virtual", MOVED_VERSION, depends=[f"linux-image-{MOVED_KERNEL}"]),
+        aptrepo.Package(f"linux-modules-{move.kernel}", move.version,
+                        files={f"lib/modules/{move.kernel}/kernel/stand-in.ko": stub}),
+        aptrepo.Package(f"linux-image-{move.kernel}", move.version,
+                        depends=[f"linux-modules-{move.kernel}"],
+                        files={f"boot/vmlinuz-{move.kernel}": stub}),
+        aptrepo.Package("linux-image-virtual", move.meta_version, depends=[f"linux-image-{move.kernel}"]),
         aptrepo.Package(
-            f"{prefix}{MOVED_KERNEL}",
-            MOVED_VERSION,
-            depends=[f"linux-image-{MOVED_KERNEL} | linux-image-unsigned-{MOVED_KERNEL}",
+            move.modules,
+            move.version,
+            depends=[f"linux-image-{move.kernel} | linux-image-unsigned-{move.kernel}",
                      f"{common} (<= {driver}-1)", f"{common} (>= {driver})"],
-            files={f"lib/modules/{MOVED_KERNEL}/kernel/nvidia-{BRANCH}srv-open/nvidia.ko": stub},
+            files={move.nvidia_ko: stub},
         ),
-        aptrepo.Package(f"{prefix}generic", MOVED_VERSION,
-                        depends=[f"{prefix}{MOVED_KERNEL} (= {MOVED_VERSION})", f"{common} (>= {driver})"]),
+        aptrepo.Package(f"{prefix}generic", move.meta_version,
+                        depends=[f"{move.modules} (= {move.version})", f"{common} (>= {driver})"]),
         aptrepo.Package(CANARY, "2.0", files={f"usr/share/doc/{CANARY}/version": ("2.0\n", 0o644)}),
     ]
 
@@ -628,7 +688,7 @@ def mount_overlay(lower: str, upper: Path, merged: Path) -> None:
                     f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)], check=True)
 
 
-def build_kernel_move_layer(root: Path, base: Path, variant: str) -> Path:
+def build_kernel_move_layer(root: Path, base: Path, move: KernelMove, variant: str) -> Path:
     """The provisioned node with unattended-upgrades installed as Ubuntu ships it (told to take
     every origin, as the noble image is), the canary at 1.0, and a signed repository offering the
     new kernel ABI, its NVIDIA modules (built for the installed driver, or for a newer one) and the
@@ -637,10 +697,12 @@ def build_kernel_move_layer(root: Path, base: Path, variant: str) -> Path:
     layer, merged = base / "layer", base / "prep"
     mount_overlay(str(root), layer, merged)
     try:
-        installed = upstream(runner.package_version(merged, f"nvidia-kernel-common-{BRANCH}-server"))
+        common = f"nvidia-kernel-common-{move.branch}-server"
+        installed = upstream(runner.package_version(merged, common))
         pool, build = merged / "srv/kernel-move", base / "build"
         pool.mkdir(parents=True)
-        for package in kernel_move_packages(installed if variant == "fits" else NEWER_DRIVER):
+        driver = installed if variant == "fits" else NEWER_DRIVER[move.branch]
+        for package in kernel_move_packages(move, driver):
             aptrepo.build_deb(package, build, pool)
         canary_v1 = aptrepo.build_deb(aptrepo.Package(CANARY, "1.0"), build, base)
         aptrepo._index(pool, "nodecert kernel-move stand-in", "nodecert kernel-move stand-in")
@@ -665,23 +727,28 @@ def build_kernel_move_layer(root: Path, base: Path, variant: str) -> Path:
 
 @pytest.fixture(scope="module")
 def kernel_move(ubuntu, workdir):
-    """variant -> (root, layer), built on first use."""
-    name = "resolute-release"
-    if name in ubuntu.skipped:
-        pytest.skip(ubuntu.skipped[name])
-    if ubuntu.second is None or ubuntu.second.rc != 0:
-        pytest.skip("the resolute node was not provisioned")
-    root, layers = ubuntu.roots[name], {}
+    """(host name, variant) -> (root, layer, move), built on first use."""
+    layers: dict[tuple[str, str], Path] = {}
 
-    def get(variant: str) -> tuple[Path, Path]:
-        if variant not in layers:
+    def get(name: str, variant: str) -> tuple[Path, Path, KernelMove]:
+        if name in ubuntu.skipped:
+            pytest.skip(ubuntu.skipped[name])
+        if ubuntu.second is None or ubuntu.second.rc != 0:
+            pytest.skip(f"the {name} node was not provisioned")
+        root = ubuntu.roots[name]
+        if rootfs.image_note(root).get("meta") != "yes":
+            pytest.skip(f"{name}'s kernel came without its meta package: no ABI move reaches it")
+        move = KernelMove(HOSTS[name].branch, ubuntu.kernels[name].split("-")[0])
+        if (name, variant) not in layers:
             try:
-                layers[variant] = build_kernel_move_layer(root, workdir / "kernel-move" / variant, variant)
+                layers[name, variant] = build_kernel_move_layer(
+                    root, workdir / "kernel-move" / name / variant, move, variant
+                )
             except subprocess.CalledProcessError as exc:
                 if exc.cmd[:2] == ["mount", "-t"]:
                     pytest.skip(f"no overlay mounts here: {exc}")
                 raise
-        return root, layers[variant]
+        return root, layers[name, variant], move
 
     yield get
     subprocess.run(["rm", "-rf", "--one-file-system", str(workdir / "kernel-move")], check=False)
@@ -703,34 +770,33 @@ def run_unattended_upgrades(root: Path, layer: Path, upper: Path, seed: int):
     return merged, said
 
 
-@pytest.mark.parametrize(("variant", "seed"), UU_CASES)
-def test_a_kernel_abi_move_under_unattended_upgrades(kernel_move, workdir, variant, seed):
-    """Whatever order u-u's steps take (the hash seed): with modules built for the installed driver
-    the new kernel gets in with them (nvidia.ko for the kernel the next boot lands in); with modules
-    built only for a newer driver the kernel stays out (the guard's blacklist keeps u-u from
-    trying it). Either way the driver stays held where it was and the unrelated update of the same
-    run is applied."""
-    root, layer = kernel_move(variant)
-    base = workdir / "kernel-move" / variant / f"seed-{seed}"
+@pytest.mark.parametrize(("name", "variant", "seed"), UU_CASES)
+def test_a_kernel_abi_move_under_unattended_upgrades(kernel_move, workdir, name, variant, seed):
+    """Whatever order u-u's steps take (the hash seed), on each release with its own u-u: with
+    modules built for the installed driver the new kernel gets in with them (nvidia.ko for the
+    kernel the next boot lands in); with modules built only for a newer driver the kernel stays out
+    (the guard's blacklist keeps u-u from trying it). Either way the driver stays held where it was
+    and the unrelated update of the same run is applied."""
+    root, layer, move = kernel_move(name, variant)
+    base = workdir / "kernel-move" / name / variant / f"seed-{seed}"
     merged, said = run_unattended_upgrades(root, layer, base / "upper", seed)
     try:
-        where = f"{variant}, seed {seed}:\n{said[-4000:]}"
-        held_driver = runner.package_version(root, f"nvidia-utils-{BRANCH}-server")
+        where = f"{name}, {variant}, seed {seed}:\n{said[-4000:]}"
+        utils = f"nvidia-utils-{move.branch}-server"
+        held_driver = runner.package_version(root, utils)
         assert "Installing the upgrades failed" not in said, where
         assert runner.package_version(merged, CANARY) == "2.0", where
         installed = runner.selections(merged)
-        modules = f"linux-modules-nvidia-{BRANCH}-server-open-{MOVED_KERNEL}"
-        nvidia_ko = merged / f"lib/modules/{MOVED_KERNEL}/kernel/nvidia-{BRANCH}srv-open/nvidia.ko"
         if variant == "fits":
-            for package in (f"linux-image-{MOVED_KERNEL}", modules):
+            for package in (f"linux-image-{move.kernel}", move.modules):
                 assert installed.get(package) == "install", f"{package} not installed; {where}"
-            assert nvidia_ko.exists(), where
+            assert (merged / move.nvidia_ko).exists(), where
         else:
-            assert f"linux-image-{MOVED_KERNEL}" not in installed, where
-            assert not (merged / f"boot/vmlinuz-{MOVED_KERNEL}").exists(), where
+            assert f"linux-image-{move.kernel}" not in installed, where
+            assert not (merged / f"boot/vmlinuz-{move.kernel}").exists(), where
             blacklist = (merged / "etc/apt/apt.conf.d/51nodecert-kernels-without-nvidia-modules").read_text()
-            assert f'"linux-image-{MOVED_KERNEL}$";' in blacklist, blacklist
-        assert runner.package_version(merged, f"nvidia-utils-{BRANCH}-server") == held_driver
-        assert installed.get(f"nvidia-utils-{BRANCH}-server") == "hold"
+            assert f'"linux-image-{move.kernel}$";' in blacklist, blacklist
+        assert runner.package_version(merged, utils) == held_driver
+        assert installed.get(utils) == "hold"
     finally:
         subprocess.run(["umount", "--lazy", str(merged)], check=False)

@@ -147,7 +147,12 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
 # images carry it).
 UBUNTU_IMAGE_RECIPE = "3"
 IMAGE_NOTE = "var/lib/nodecert-e2e/image"  # what the image got, for the tests (key=value lines)
-MODULES_FOR = "linux-modules-nvidia-580-server-open"  # the precompiled modules the tests install
+BRANCH = "580"  # the driver branch whose precompiled modules an image's kernel must have
+
+
+def modules_for(branch: str = BRANCH) -> str:
+    """The precompiled open modules of this -server branch (add -<kernel> or -generic)."""
+    return f"linux-modules-nvidia-{branch}-server-open"
 
 
 # The pockets a cloud image's sources name. RELEASE_POCKET_ONLY is a node installed from the
@@ -241,37 +246,42 @@ class ArchiveGap(RuntimeError):
 _GAPS: dict[str, str] = {}
 
 
-def _pick_kernel(work: Path) -> tuple[list[str], dict[str, str]]:
+def _pick_kernel(work: Path, branch: str = BRANCH) -> tuple[list[str], dict[str, str]]:
     """The packages that give the image its kernel, and the note: linux-image-virtual when the
-    mirror serves its kernel's NVIDIA modules and their -generic meta package, else the newest
-    -generic kernel whose modules it serves for the archive's current driver (no meta package)."""
-    meta = f"{MODULES_FOR}-generic"
+    mirror serves its kernel's NVIDIA modules (of this branch) and their -generic meta package,
+    else the newest -generic kernel whose modules it serves for the archive's current driver (no
+    meta package)."""
+    modules = modules_for(branch)
+    meta = f"{modules}-generic"
     newest = _chroot(work, "apt-cache", "depends", "--important", meta).stdout
-    kernel = re.search(rf"{MODULES_FOR}-(\d\S*-generic)", newest)
+    kernel = re.search(rf"{modules}-(\d\S*-generic)", newest)
     missing = (
         _fetchable(
-            work, meta, *(f"{p}-{kernel.group(1)}" for p in (MODULES_FOR, "linux-image", "linux-modules"))
+            work, meta, *(f"{p}-{kernel.group(1)}" for p in (modules, "linux-image", "linux-modules"))
         )
         if kernel
         else f"apt offers no {meta}"
     )
     if not missing:
         return ["linux-image-virtual"], {"kernel": kernel.group(1), "meta": "yes"}
-    common = _chroot(work, "apt-cache", "policy", "nvidia-kernel-common-580-server").stdout
-    driver = re.search(r"Candidate: ([0-9.]+)-", common).group(1)
-    names = _chroot(work, "apt-cache", "pkgnames", f"{MODULES_FOR}-").stdout.split()
+    common = _chroot(work, "apt-cache", "policy", f"nvidia-kernel-common-{branch}-server").stdout
+    offered = re.search(r"Candidate: ([0-9.]+)-", common)
+    if offered is None:
+        raise ArchiveGap(f"the archive offers no nvidia-kernel-common-{branch}-server, nor {meta}")
+    driver = offered.group(1)
+    names = _chroot(work, "apt-cache", "pkgnames", f"{modules}-").stdout.split()
     kernels = [
-        n.removeprefix(f"{MODULES_FOR}-") for n in names if re.fullmatch(rf"{MODULES_FOR}-\d\S*-generic", n)
+        n.removeprefix(f"{modules}-") for n in names if re.fullmatch(rf"{modules}-\d\S*-generic", n)
     ]
     for candidate in sorted(kernels, key=lambda k: [int(x) for x in re.findall(r"\d+", k)], reverse=True):
-        shown = _chroot(work, "apt-cache", "show", "--no-all-versions", f"{MODULES_FOR}-{candidate}").stdout
-        if f"nvidia-kernel-common-580-server (>= {driver})" not in shown:
+        shown = _chroot(work, "apt-cache", "show", "--no-all-versions", f"{modules}-{candidate}").stdout
+        if f"nvidia-kernel-common-{branch}-server (>= {driver})" not in shown:
             continue
-        if not _fetchable(work, *(f"{p}-{candidate}" for p in (MODULES_FOR, "linux-image", "linux-modules"))):
+        if not _fetchable(work, *(f"{p}-{candidate}" for p in (modules, "linux-image", "linux-modules"))):
             note = {"kernel": candidate, "meta": f"no: the mirror does not serve {missing}"}
             return [f"linux-image-{candidate}"], note
-    raise ArchiveGap(f"the archive serves nvidia-kernel-common-580-server {driver} but no "
-                     f"{MODULES_FOR}-<kernel> built for it that its pool serves yet (Canonical publishes "
+    raise ArchiveGap(f"the archive serves nvidia-kernel-common-{branch}-server {driver} but no "
+                     f"{modules}-<kernel> built for it that its pool serves yet (Canonical publishes "
                      f"them after the driver, and mirrors can list files their pool lacks: {missing})")
 
 
@@ -279,8 +289,10 @@ def _dpkg_newer(a: str, b: str) -> bool:
     return subprocess.run(["dpkg", "--compare-versions", a, "gt", b], check=False).returncode == 0
 
 
-def unserved_driver(release: Release, proxy_url: str, pockets: tuple[str, ...] = ALL_POCKETS) -> str:
-    """'' when the pool serves the newest nvidia-kernel-common-580-server the image's pockets list,
+def unserved_driver(
+    release: Release, proxy_url: str, pockets: tuple[str, ...] = ALL_POCKETS, branch: str = BRANCH
+) -> str:
+    """'' when the pool serves the newest nvidia-kernel-common-<branch>-server the image's pockets list,
     else that file's URL and the answer. Seconds, where finding the same gap by building the image
     takes minutes (apt-get update and upgrade first): when the driver itself is not served, no
     kernel's modules can be installed with it."""
@@ -294,13 +306,13 @@ def unserved_driver(release: Release, proxy_url: str, pockets: tuple[str, ...] =
         with opener.open(url, timeout=60) as response:
             text = gzip.decompress(response.read()).decode()
         for stanza in text.split("\n\n"):
-            if not stanza.startswith("Package: nvidia-kernel-common-580-server\n"):
+            if not stanza.startswith(f"Package: nvidia-kernel-common-{branch}-server\n"):
                 continue
             fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line)
             if newest is None or _dpkg_newer(fields["Version"], newest[0]):
                 newest = (fields["Version"], fields["Filename"])
     if newest is None:
-        return ""  # nothing of 580 listed: _pick_kernel says what is missing
+        return ""  # nothing of the branch listed: _pick_kernel says what is missing
     url = f"{release.mirror.rstrip('/')}/{newest[1]}"
     try:
         with opener.open(urllib.request.Request(url, method="HEAD"), timeout=30):
@@ -310,11 +322,17 @@ def unserved_driver(release: Release, proxy_url: str, pockets: tuple[str, ...] =
 
 
 def cached_ubuntu_image(
-    release: Release, cache_dir: Path, proxy_url: str, apt_config: str, pockets: tuple[str, ...] = ALL_POCKETS
+    release: Release,
+    cache_dir: Path,
+    proxy_url: str,
+    apt_config: str,
+    pockets: tuple[str, ...] = ALL_POCKETS,
+    branch: str = BRANCH,
 ) -> Path:
-    """A tarball of an Ubuntu root that looks like a fresh cloud image (sources and a kernel, see
-    _pick_kernel), built from the debootstrap root, keyed by the archive's current kernel."""
-    missing = unserved_driver(release, proxy_url, pockets)
+    """A tarball of an Ubuntu root that looks like a fresh cloud image (sources and a kernel with
+    precompiled modules of the branch, see _pick_kernel), built from the debootstrap root, keyed by
+    the archive's current kernel."""
+    missing = unserved_driver(release, proxy_url, pockets, branch)
     if missing:
         raise ArchiveGap(
             f"the archive lists a driver its pool does not serve ({missing}): no kernel's "
@@ -324,6 +342,7 @@ def cached_ubuntu_image(
     newest_pocket = "-updates" if "-updates" in pockets else pockets[-1]
     meta_version = newest_kernel_meta(release, proxy_url, newest_pocket)
     parts = [UBUNTU_IMAGE_RECIPE, base.name, meta_version, *(() if pockets == ALL_POCKETS else pockets)]
+    parts += [] if branch == BRANCH else [f"branch {branch}"]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     tarball = cache_dir / f"image-{release.name}-{key}.tar"
     with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
@@ -341,7 +360,7 @@ def cached_ubuntu_image(
         # Current, as a freshly published cloud image is (debootstrap took the release pocket).
         _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
         try:
-            packages, note = _pick_kernel(work)
+            packages, note = _pick_kernel(work, branch)
         except ArchiveGap as gap:
             _GAPS[tarball.name] = str(gap)
             remove_root(work)
@@ -368,16 +387,17 @@ def ubuntu_image_or_fallback(
     apt_config: str,
     pockets: tuple[str, ...],
     fallback: tuple[str, ...] | None,
+    branch: str = BRANCH,
 ) -> tuple[Path, str]:
     """(cached_ubuntu_image of these pockets, '') -- or, when they list a driver the pool does not
     serve and there is a fallback, the image of the fallback pockets and a note saying why.
     ArchiveGap when neither can be built."""
     try:
-        return cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, pockets), ""
+        return cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, pockets, branch), ""
     except ArchiveGap as gap:
         if fallback is None:
             raise
-        tarball = cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, fallback)
+        tarball = cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, fallback, branch)
         suites = " ".join(f"{release.suite}{pocket}" for pocket in fallback)
         return tarball, f"built from {suites} alone: {gap}"
 
