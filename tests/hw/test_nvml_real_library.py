@@ -32,7 +32,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "nvml-lib"  # git-ignored (.cache/)
 ARCHIVE = os.environ.get("NODECERT_UBUNTU_ARCHIVE", "http://archive.ubuntu.com/ubuntu")
-INDEX = "dists/noble-updates/restricted/binary-amd64/Packages.gz"
+# Where the package is taken from, first served first: noble's current build, else 26.04's release
+# pocket (580.126.20), whose files never change, so the test runs on a day when noble-updates
+# lists a build its pool does not serve yet.
+INDEXES = (
+    "dists/noble-updates/restricted/binary-amd64/Packages.gz",
+    "dists/resolute/restricted/binary-amd64/Packages.gz",
+)
 PACKAGE = "libnvidia-compute-580-server"  # Provides: libnvidia-ml.so.1
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 
@@ -44,31 +50,29 @@ def _fetch(url: str, timeout: float) -> bytes:
         return response.read()
 
 
-def _stanza(index: bytes, package: str) -> dict[str, str]:
+def _stanza(index: bytes, package: str, name: str) -> dict[str, str]:
     for block in gzip.decompress(index).decode().split("\n\n"):
         fields = dict(line.split(": ", 1) for line in block.splitlines()
                       if ": " in line and not line.startswith(" "))
         if fields.get("Package") == package:
             return fields
-    raise LookupError(f"{package} is not in {INDEX}")
+    raise LookupError(f"{package} is not in {name}")
 
 
-@pytest.fixture(scope="module")
-def nvml_libdir() -> Path:
-    """A directory holding the real libnvidia-ml.so.1, verified and extracted once."""
-    try:
-        index = _fetch(f"{ARCHIVE}/{INDEX}", timeout=20)
-    except (urllib.error.URLError, OSError) as exc:
-        pytest.skip(f"Ubuntu archive {ARCHIVE} does not answer: {exc}")
-    entry = _stanza(index, PACKAGE)
-    if shutil.which("dpkg-deb") is None:
-        pytest.skip("dpkg-deb is not installed")
-    deb = CACHE / Path(entry["Filename"]).name
-    libdir = CACHE / entry["Version"]
-    if (libdir / "libnvidia-ml.so.1").exists():
-        return libdir
-    CACHE.mkdir(parents=True, exist_ok=True)
-    if not deb.exists() or hashlib.sha256(deb.read_bytes()).hexdigest() != entry["SHA256"]:
+def _served_deb() -> tuple[dict[str, str], Path]:
+    """The index entry of PACKAGE and its verified .deb, from the first of INDEXES whose pool
+    serves it (cached)."""
+    unserved = []
+    for name in INDEXES:
+        try:
+            index = _fetch(f"{ARCHIVE}/{name}", timeout=20)
+        except (urllib.error.URLError, OSError) as exc:
+            pytest.skip(f"Ubuntu archive {ARCHIVE} does not answer: {exc}")
+        entry = _stanza(index, PACKAGE, name)
+        deb = CACHE / Path(entry["Filename"]).name
+        if deb.exists() and hashlib.sha256(deb.read_bytes()).hexdigest() == entry["SHA256"]:
+            return entry, deb
+        CACHE.mkdir(parents=True, exist_ok=True)
         part = deb.with_suffix(".part")
         try:
             part.write_bytes(_fetch(f"{ARCHIVE}/{entry['Filename']}", timeout=600))
@@ -76,10 +80,24 @@ def nvml_libdir() -> Path:
             # The index can name a file the mirror does not serve (2026-12-04: noble-updates listed
             # 580.196.07 and its pool answered 404; 570-server and 535-server had become
             # transitional packages depending on it): the archive's state, not this code's.
-            pytest.skip(f"Ubuntu archive {ARCHIVE} does not serve {entry['Filename']}: {exc}")
+            unserved.append(f"{entry['Filename']}: {exc}")
+            continue
         digest = hashlib.sha256(part.read_bytes()).hexdigest()
         assert digest == entry["SHA256"], f"{deb.name}: SHA256 {digest}, index says {entry['SHA256']}"
         part.rename(deb)
+        return entry, deb
+    pytest.skip(f"Ubuntu archive {ARCHIVE} serves none of: {'; '.join(unserved)}")
+
+
+@pytest.fixture(scope="module")
+def nvml_libdir() -> Path:
+    """A directory holding the real libnvidia-ml.so.1, verified and extracted once."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb is not installed")
+    entry, deb = _served_deb()
+    libdir = CACHE / entry["Version"]
+    if (libdir / "libnvidia-ml.so.1").exists():
+        return libdir
     # Only the NVML files of the package (dpkg-deb -x would unpack all ~330 MB).
     staging = CACHE / f"{entry['Version']}.part"
     shutil.rmtree(staging, ignore_errors=True)
