@@ -329,12 +329,14 @@ def test_canonicals_driver_is_installed_pinned_and_held(ubuntu, host):
 
 
 def test_flavour_meta_package_follows_the_kernel(ubuntu, host):
-    """The image's kernel came through linux-image-virtual: the -generic meta package of the
+    """The image's kernel came through its meta package (linux-image-virtual, or
+    linux-image-virtual-hwe-22.04 for jammy's HWE kernel): the meta package of the
     modules comes too (it brings the modules of the next kernel along), not held."""
     note = rootfs.image_note(ubuntu.roots[host])
     if note.get("meta") != "yes":
         pytest.skip(f"the image has no kernel meta package: {note.get('meta')}")
-    meta = f"linux-modules-nvidia-{HOSTS[host].branch}-server-open-generic"
+    modules_flavour = note.get("flavour", "virtual generic").split()[1]
+    meta = f"linux-modules-nvidia-{HOSTS[host].branch}-server-open-{modules_flavour}"
     assert runner.selections(ubuntu.roots[host]).get(meta) == "install", meta
 
 
@@ -629,11 +631,14 @@ UU_CASES = (
 @dataclass(frozen=True)
 class KernelMove:
     """The ABI the stand-in packages move a node to: the running kernel's version with ABI 999
-    (linux-image-<abi> at <base>-999.999; the meta packages at <base>.999.999, newer than any meta
-    version the releases use: 5.15.0.164.159 on jammy, 6.8.0-31.31 on noble)."""
+    (linux-image-<abi> at <base>-999.999; the meta packages of the image's flavour at
+    <base>.999.999, newer than the meta versions the releases use: 6.8.0-149.149~22.04.1 for
+    jammy's HWE kernel, 6.8.0-31.31 on noble)."""
 
     branch: str
     base: str  # "7.0.0" of 7.0.0-14-generic
+    kernel_meta: str = "virtual"  # linux-image-<kernel_meta>: virtual, virtual-hwe-22.04
+    modules_flavour: str = "generic"  # linux-modules-nvidia-<branch>-server-open-<modules_flavour>
 
     @property
     def kernel(self) -> str:
@@ -666,7 +671,8 @@ def kernel_move_packages(move: KernelMove, driver: str) -> list[aptrepo.Package]
         aptrepo.Package(f"linux-image-{move.kernel}", move.version,
                         depends=[f"linux-modules-{move.kernel}"],
                         files={f"boot/vmlinuz-{move.kernel}": stub}),
-        aptrepo.Package("linux-image-virtual", move.meta_version, depends=[f"linux-image-{move.kernel}"]),
+        aptrepo.Package(f"linux-image-{move.kernel_meta}", move.meta_version,
+                        depends=[f"linux-image-{move.kernel}"]),
         aptrepo.Package(
             move.modules,
             move.version,
@@ -674,7 +680,7 @@ def kernel_move_packages(move: KernelMove, driver: str) -> list[aptrepo.Package]
                      f"{common} (<= {driver}-1)", f"{common} (>= {driver})"],
             files={move.nvidia_ko: stub},
         ),
-        aptrepo.Package(f"{prefix}generic", move.meta_version,
+        aptrepo.Package(f"{prefix}{move.modules_flavour}", move.meta_version,
                         depends=[f"{move.modules} (= {move.version})", f"{common} (>= {driver})"]),
         aptrepo.Package(CANARY, "2.0", files={f"usr/share/doc/{CANARY}/version": ("2.0\n", 0o644)}),
     ]
@@ -736,9 +742,12 @@ def kernel_move(ubuntu, workdir):
         if ubuntu.second is None or ubuntu.second.rc != 0:
             pytest.skip(f"the {name} node was not provisioned")
         root = ubuntu.roots[name]
-        if rootfs.image_note(root).get("meta") != "yes":
+        note = rootfs.image_note(root)
+        if note.get("meta") != "yes":
             pytest.skip(f"{name}'s kernel came without its meta package: no ABI move reaches it")
-        move = KernelMove(HOSTS[name].branch, ubuntu.kernels[name].split("-")[0])
+        kernel_meta, modules_flavour = note.get("flavour", "virtual generic").split()
+        base = ubuntu.kernels[name].split("-")[0]
+        move = KernelMove(HOSTS[name].branch, base, kernel_meta, modules_flavour)
         if (name, variant) not in layers:
             try:
                 layers[name, variant] = build_kernel_move_layer(

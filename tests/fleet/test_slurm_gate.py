@@ -107,8 +107,9 @@ def _scripts(cluster: SlurmCluster, node: str, state: Path, *args: str, env: dic
 
 
 def _only(cluster: SlurmCluster, node: str, *keep: str) -> None:
+    """Leave only these wrappers on the node (again on a retry: the others may be gone already)."""
     for wrapper in set(ROLES.values()) - set(keep):
-        (cluster.wrappers / node / wrapper).unlink()
+        (cluster.wrappers / node / wrapper).unlink(missing_ok=True)
 
 
 def _health_check_here(cluster: SlurmCluster, node: str, state: Path, scenario: str,

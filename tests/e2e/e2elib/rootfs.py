@@ -144,8 +144,9 @@ def _build(release: Release, packages: tuple[str, ...], tarball: Path) -> None:
 # What a freshly installed Ubuntu cloud image has that debootstrap's minbase lacks: every component
 # (main restricted universe multiverse) in the release, -updates and -security pockets, its
 # packages upgraded, and a -generic kernel through its meta package linux-image-virtual (as cloud
-# images carry it).
-UBUNTU_IMAGE_RECIPE = "3"
+# images carry it), or linux-image-virtual-hwe-<version> where only the HWE kernel's NVIDIA
+# modules are served.
+UBUNTU_IMAGE_RECIPE = "4"
 IMAGE_NOTE = "var/lib/nodecert-e2e/image"  # what the image got, for the tests (key=value lines)
 BRANCH = "580"  # the driver branch whose precompiled modules an image's kernel must have
 
@@ -246,28 +247,40 @@ class ArchiveGap(RuntimeError):
 _GAPS: dict[str, str] = {}
 
 
-def _pick_kernel(work: Path, branch: str = BRANCH) -> tuple[list[str], dict[str, str]]:
-    """The packages that give the image its kernel, and the note: linux-image-virtual when the
-    mirror serves its kernel's NVIDIA modules (of this branch) and their -generic meta package,
-    else the newest -generic kernel whose modules it serves for the archive's current driver (no
-    meta package)."""
+def kernel_flavours(release: Release) -> list[tuple[str, str]]:
+    """(kernel meta suffix, NVIDIA modules meta suffix) of the flavours a cloud image can follow,
+    in the order tried: the release's GA kernel (linux-image-virtual, ...-generic), then its HWE
+    kernel (linux-image-virtual-hwe-22.04, ...-generic-hwe-22.04)."""
+    version = f"{release.name[6:8]}.{release.name[8:]}"
+    return [("virtual", "generic"), (f"virtual-hwe-{version}", f"generic-hwe-{version}")]
+
+
+def _pick_kernel(work: Path, release: Release, branch: str = BRANCH) -> tuple[list[str], dict[str, str]]:
+    """The packages that give the image its kernel, and the note: the kernel meta package of the
+    first flavour (kernel_flavours) whose kernel's NVIDIA modules (of this branch) and their meta
+    package the mirror serves, else the newest -generic kernel whose modules it serves for the
+    archive's current driver (no meta package)."""
     modules = modules_for(branch)
-    meta = f"{modules}-generic"
-    newest = _chroot(work, "apt-cache", "depends", "--important", meta).stdout
-    kernel = re.search(rf"{modules}-(\d\S*-generic)", newest)
-    missing = (
-        _fetchable(
-            work, meta, *(f"{p}-{kernel.group(1)}" for p in (modules, "linux-image", "linux-modules"))
+    missing = ""
+    for kernel_meta, modules_flavour in kernel_flavours(release):
+        meta = f"{modules}-{modules_flavour}"
+        depends = _chroot(work, "apt-cache", "depends", "--important", meta).stdout
+        kernel = re.search(rf"{modules}-(\d\S*-generic)", depends)
+        reason = (
+            _fetchable(
+                work, meta, *(f"{p}-{kernel.group(1)}" for p in (modules, "linux-image", "linux-modules"))
+            )
+            if kernel
+            else f"apt offers no {meta}"
         )
-        if kernel
-        else f"apt offers no {meta}"
-    )
-    if not missing:
-        return ["linux-image-virtual"], {"kernel": kernel.group(1), "meta": "yes"}
+        if not reason:
+            note = {"kernel": kernel.group(1), "meta": "yes", "flavour": f"{kernel_meta} {modules_flavour}"}
+            return [f"linux-image-{kernel_meta}"], note
+        missing = missing or reason  # the GA flavour's reason is the one worth saying
     common = _chroot(work, "apt-cache", "policy", f"nvidia-kernel-common-{branch}-server").stdout
     offered = re.search(r"Candidate: ([0-9.]+)-", common)
     if offered is None:
-        raise ArchiveGap(f"the archive offers no nvidia-kernel-common-{branch}-server, nor {meta}")
+        raise ArchiveGap(f"the archive offers no nvidia-kernel-common-{branch}-server ({missing})")
     driver = offered.group(1)
     names = _chroot(work, "apt-cache", "pkgnames", f"{modules}-").stdout.split()
     kernels = [
@@ -360,7 +373,7 @@ def cached_ubuntu_image(
         # Current, as a freshly published cloud image is (debootstrap took the release pocket).
         _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
         try:
-            packages, note = _pick_kernel(work, branch)
+            packages, note = _pick_kernel(work, release, branch)
         except ArchiveGap as gap:
             _GAPS[tarball.name] = str(gap)
             remove_root(work)
