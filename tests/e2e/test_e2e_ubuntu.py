@@ -636,21 +636,17 @@ class KernelMove:
     jammy's HWE kernel, 6.8.0-31.31 on noble)."""
 
     branch: str
-    base: str  # "7.0.0" of 7.0.0-14-generic
+    kernel: str  # 7.0.0-999-generic
+    version: str  # of linux-image-<kernel> and its modules: 7.0.0-999.999
+    meta_version: str  # of the flavour's meta packages: 7.0.0.999.999
     kernel_meta: str = "virtual"  # linux-image-<kernel_meta>: virtual, virtual-hwe-22.04
     modules_flavour: str = "generic"  # linux-modules-nvidia-<branch>-server-open-<modules_flavour>
 
-    @property
-    def kernel(self) -> str:
-        return f"{self.base}-999-generic"
-
-    @property
-    def version(self) -> str:
-        return f"{self.base}-999.999"
-
-    @property
-    def meta_version(self) -> str:
-        return f"{self.base}.999.999"
+    @classmethod
+    def of(cls, branch: str, running: str, kernel_meta: str, modules_flavour: str) -> KernelMove:
+        base = running.split("-")[0]  # "7.0.0" of 7.0.0-14-generic
+        return cls(branch, f"{base}-999-generic", f"{base}-999.999", f"{base}.999.999",
+                   kernel_meta, modules_flavour)
 
     @property
     def modules(self) -> str:
@@ -746,8 +742,7 @@ def kernel_move(ubuntu, workdir):
         if note.get("meta") != "yes":
             pytest.skip(f"{name}'s kernel came without its meta package: no ABI move reaches it")
         kernel_meta, modules_flavour = note.get("flavour", "virtual generic").split()
-        base = ubuntu.kernels[name].split("-")[0]
-        move = KernelMove(HOSTS[name].branch, base, kernel_meta, modules_flavour)
+        move = KernelMove.of(HOSTS[name].branch, ubuntu.kernels[name], kernel_meta, modules_flavour)
         if (name, variant) not in layers:
             try:
                 layers[name, variant] = build_kernel_move_layer(
