@@ -79,7 +79,8 @@ def test_unchanged_node_takes_the_fast_path_and_keeps_its_notes(tmp_path, node):
     note = "Loaded driver none is not the installed 580.126.20: reboot it yourself."
     recorded = run_module(tmp_path, state="record", notes=[note], **node)
     assert recorded["recorded"] and recorded["notes"] == [note]
-    assert oct(Path(node["record"]).stat().st_mode & 0o777) == "0o644"
+    # Digests of every file under /etc (/etc/shadow too): root's alone.
+    assert oct(Path(node["record"]).stat().st_mode & 0o777) == "0o600"
     result = run_module(tmp_path, **node)
     assert result["converged"] is True and result["reason"] == ""
     assert result["notes"] == [note] and result["recorded"] == recorded["recorded"]
@@ -119,6 +120,13 @@ def test_other_inputs_run_every_task(tmp_path, node):
     result = run_module(tmp_path, **{**node, "inputs": "inputs-2"})
     assert result["converged"] is False
     assert result["reason"] == "the playbooks, this project's sources or the host's variables changed"
+
+
+def test_a_record_that_cannot_be_written_warns_and_fails_nothing(tmp_path, node):
+    Path(node["record"]).parent.write_text("a file where the record's directory should be")
+    result = run_module(tmp_path, state="record", **node)
+    assert result["recorded"] == ""
+    assert "could not record the converged node" in json.dumps(result["warnings"])
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", json.dumps({"version": 0})])
@@ -198,7 +206,9 @@ def play(tmp_path: Path, *args: str, record: bool = True) -> str:
         json.dumps(
             {
                 "gpu_nodes": {
-                    "hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+                    "hosts": {
+                        "node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                    },
                     "vars": {
                         "sources": str(tmp_path / "sources"),
                         "managed": str(tmp_path / "managed"),
@@ -222,7 +232,8 @@ def play(tmp_path: Path, *args: str, record: bool = True) -> str:
         capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [line for line in proc.stdout.splitlines() if "COMPARED" in line][0].split("COMPARED ", 1)[1].rstrip('"')
+    said = next(line for line in proc.stdout.splitlines() if "COMPARED" in line)
+    return said.split("COMPARED ", 1)[1].rstrip('"')
 
 
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook is not in this venv")

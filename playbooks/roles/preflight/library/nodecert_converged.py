@@ -221,6 +221,17 @@ def differences(record: dict, inputs: str, parts: dict, listed: dict) -> str:
     return "changed since: " + "; ".join(said)
 
 
+def write_record(path: str, record: dict) -> None:
+    """Atomically, readable by root alone: it holds digests of every file under /etc."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    partial = path + ".partial"
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, sort_keys=True)
+    os.chmod(partial, 0o600)
+    os.replace(partial, path)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -261,14 +272,13 @@ def main() -> None:
             "parts": parts,
             "files": listed,
         }
-        directory = os.path.dirname(params["record"])
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        partial = params["record"] + ".partial"
-        with open(partial, "w", encoding="utf-8") as handle:
-            json.dump(new, handle, sort_keys=True)
-        os.chmod(partial, 0o644)
-        os.replace(partial, params["record"])
-        result.update(recorded=new["recorded"], notes=new["notes"])
+        try:
+            write_record(params["record"], new)
+        except OSError as error:
+            # The node is provisioned all the same; the next run runs every task.
+            module.warn(f"could not record the converged node in {params['record']}: {error}")
+        else:
+            result.update(recorded=new["recorded"], notes=new["notes"])
     module.exit_json(**result)
 
 
