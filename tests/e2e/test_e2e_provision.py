@@ -147,19 +147,25 @@ def test_rerun_of_converged_nodes_takes_the_fast_path(cluster):
 
 
 def test_drift_runs_every_task_and_is_repaired(cluster, ansible_home):
-    """A file the roles manage, removed by hand: the next run names it, runs every task, puts it
-    back, and records the node again, so the run after takes the fast path."""
+    """By hand, a file the roles manage removed and a held driver package released: the next run
+    names both, runs every task, puts the file back and the hold on, and records the node again,
+    so the run after takes the fast path."""
     host = "hgx-h100"
-    managed = cluster.roots[host] / "etc/modprobe.d/nodecert-blacklist-nouveau.conf"
+    root = cluster.roots[host]
+    managed = root / "etc/modprobe.d/nodecert-blacklist-nouveau.conf"
     assert managed.exists()
     managed.unlink()
+    selections = runner.selections(root)
+    held = sorted(name for name, state in selections.items() if state == "hold" and "nvidia" in name)
+    assert held, selections
+    runner.in_root(root, "apt-mark", "unhold", held[0])
     home = ansible_home("cluster")
     repaired = runner.run_playbook("provision.yml", cluster.inventory, home, "--limit", host)
     assert repaired.rc == 0, repaired
-    assert "running every task: changed since: files (/etc/modprobe.d/nodecert-blacklist-nouveau.conf)" in (
-        repaired.output
-    ), repaired
+    said = "changed since: packages; files (/etc/modprobe.d/nodecert-blacklist-nouveau.conf)"
+    assert "running every task: " + said in repaired.output, repaired
     assert repaired.recap[host]["changed"] >= 1 and managed.exists(), repaired
+    assert runner.selections(root)[held[0]] == "hold"
     again = runner.run_playbook("provision.yml", cluster.inventory, home, "--limit", host)
     assert again.rc == 0 and "converged since " in again.output, again
 
