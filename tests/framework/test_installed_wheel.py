@@ -22,20 +22,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE_TASKS = ROOT / "playbooks/roles/pytorch/tasks/install.yml"
+SOURCES_VARS = ROOT / "playbooks/roles/preflight/vars/main.yml"
 SCENARIO = "h100-sxm-8x-healthy"
 
 pytestmark = pytest.mark.slow
 
 
 def _role_sources() -> list[str]:
-    """The paths the role packs, read from its task so that the two cannot drift."""
+    """The paths the role packs, read from its task (and the list it names) so that the two
+    cannot drift."""
     tasks = yaml.safe_load(ROLE_TASKS.read_text())
     for task in tasks:
         for inner in task.get("block", []):
             if inner.get("name") == "Pack the sources to build":
                 path = inner["community.general.archive"]["path"]
-                start, end = path.index("["), path.index("]")
-                return [name.strip().strip("'\"") for name in path[start + 1:end].split(",")]
+                assert path.split("|")[0].strip(" {\n") == "_preflight_nodecert_sources", path
+                return list(yaml.safe_load(SOURCES_VARS.read_text())["_preflight_nodecert_sources"])
     raise AssertionError(f"{ROLE_TASKS}: no 'Pack the sources to build' task")
 
 

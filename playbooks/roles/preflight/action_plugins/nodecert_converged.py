@@ -23,9 +23,8 @@ from ansible.release import __version__ as ANSIBLE_VERSION
 # such as `omit`, whose value changes every run), and the switch that asks for a full run.
 NOT_INPUTS = frozenset(
     [
-        "groups", "group_names", "hostvars", "inventory_hostname", "inventory_hostname_short",
-        "inventory_dir", "inventory_file", "omit", "play_hosts", "playbook_dir", "role_names",
-        "role_name", "role_path", "role_uuid", "environment", "nodecert_full_run",
+        "groups", "group_names", "inventory_hostname", "inventory_hostname_short", "inventory_dir",
+        "inventory_file", "omit", "playbook_dir", "nodecert_full_run",
     ]
 )
 SKIPPED_NAMES = frozenset(["__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"])

@@ -71,10 +71,11 @@ import os  # noqa: E402
 import stat  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 # Files whose content changes with no one changing the node: the clock's drift, the resolver a
 # DHCP client rewrites, the loader's cache (rebuilt after packages, which the dpkg part covers).
 VOLATILE = frozenset(
@@ -183,14 +184,14 @@ def units() -> str:
     return "\n".join(sorted(" ".join(line.split()[:4]) for line in proc.stdout.splitlines()))
 
 
-def components(paths: list[str], record: str) -> tuple[dict[str, str], dict[str, str]]:
-    """(part -> digest, path -> entry): the node's state, by part, to name what changed."""
-    listed = files(paths, record)
+def components(paths: list[str], record: str) -> dict[str, Any]:
+    """The node's state by part, to name what changed: a digest each, but `files`, which maps each
+    path to its entry so that a changed file can be named."""
     pending = sorted(os.listdir("/var/lib/dpkg/updates")) if os.path.isdir("/var/lib/dpkg/updates") else []
     parts = {
         "packages": _sha(b"".join((_read(p) or b"absent") for p in PACKAGE_FILES)
                          + " ".join(pending).encode()),
-        "files": _sha(json.dumps(listed, sort_keys=True).encode()),
+        "files": files(paths, record),
         "kernel": _sha(os.uname().release.encode() + b"\n" + (_read("/proc/cmdline") or b"")),
         "kernel modules": _sha(nvidia_modules().encode()),
         "loaded driver": _sha((_read("/proc/driver/nvidia/version") or b"none")
@@ -198,27 +199,27 @@ def components(paths: list[str], record: str) -> tuple[dict[str, str], dict[str,
         "PCI devices": _sha(pci().encode()),
         "services": _sha(units().encode()),
     }
-    return parts, listed
+    return parts
 
 
-def differences(record: dict, inputs: str, parts: dict, listed: dict) -> str:
+def differences(record: dict, inputs: str, parts: dict[str, Any]) -> str:
     if record.get("version") != RECORD_VERSION:
         return "its record is from another nodecert version"
     if record.get("inputs") != inputs:
         return "the playbooks, this project's sources or the host's variables changed"
-    changed = [name for name, digest in parts.items() if record.get("parts", {}).get(name) != digest]
-    if not changed:
-        return ""
+    before = record.get("parts", {})
     said = []
-    for name in changed:
-        if name != "files":
+    for name, now in parts.items():
+        was = before.get(name)
+        if was == now:
+            continue
+        if name != "files" or not isinstance(was, dict):
             said.append(name)
             continue
-        before = record.get("files", {})
-        paths = sorted(p for p in set(before) | set(listed) if before.get(p) != listed.get(p))
+        paths = sorted(p for p in set(was) | set(now) if was.get(p) != now.get(p))
         shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         said.append(f"files ({shown})")
-    return "changed since: " + "; ".join(said)
+    return "changed since: " + "; ".join(said) if said else ""
 
 
 def write_record(path: str, record: dict) -> None:
@@ -244,7 +245,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    parts, listed = components(params["paths"], params["record"])
+    parts = components(params["paths"], params["record"])
     text = _read(params["record"])
     try:
         record = json.loads(text) if text is not None else None
@@ -254,7 +255,7 @@ def main() -> None:
         reason = "no record of a converged run" if text is None else "its record is unreadable"
         record = {}
     else:
-        reason = differences(record, params["inputs"], parts, listed)
+        reason = differences(record, params["inputs"], parts)
     result = {
         "changed": False,
         "converged": reason == "",
@@ -270,7 +271,6 @@ def main() -> None:
             "inputs": params["inputs"],
             "notes": params["notes"],
             "parts": parts,
-            "files": listed,
         }
         try:
             write_record(params["record"], new)
