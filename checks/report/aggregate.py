@@ -339,14 +339,15 @@ def read_one(path: Path) -> loader.HostReport | None:
     keeps of it; None for a fleet summary. A module-level function, so that a process pool can
     run it (read's `map_`): what it returns is all it hands back."""
     global _compactor
-    item = loader.read(path, validate=loader.validator())
+    item = loader.read(path, validate=loader.validator(), keep_text=True)
     if item is None or item.report is None:
         return item
     if _compactor is None:  # strings shared across the reports this process reads
         _compactor = summary_.Compactor()
     report = item.report
-    return Summarised(item.host, summary_.pack(_compactor.compact(report)), None, item.path,
-                      list(figs.extract(item.host, report)), Facts.of(item.host, report, consistent=True))
+    return Summarised(item.host, _compactor.pack(report, item.text), None, item.path,
+                      published=list(figs.extract(item.host, report)),
+                      facts=Facts.of(item.host, report, consistent=True))
 
 
 Mapper = Callable[[Callable[[Path], "loader.HostReport | None"], list[Path]],

@@ -35,9 +35,13 @@ class GpuRef:
 
     @classmethod
     def from_device(cls, device: dict[str, Any] | None) -> GpuRef | None:
-        if not device or all(device.get(k) is None for k in ("index", "pci", "uuid")):
+        if not device:
             return None
-        return cls(device.get("index"), device.get("pci"), device.get("uuid"))
+        get = device.get
+        index, pci, uuid = get("index"), get("pci"), get("uuid")
+        if index is None and pci is None and uuid is None:
+            return None
+        return cls(index, pci, uuid)
 
     def label(self) -> str:
         return f"GPU{self.index}" if self.index is not None else (self.pci or self.uuid or "GPU")
@@ -71,8 +75,25 @@ def _is_number(value: Any) -> bool:
     return _is_real(value) and value == value
 
 
+def _gpu(device: Any, seen: dict[Any, GpuRef | None]) -> GpuRef | None:
+    """GpuRef.from_device(device), the same object for the same GPU within `seen`."""
+    if not device or type(device) is not dict:
+        return GpuRef.from_device(device)
+    get = device.get
+    key = (get("index"), get("pci"), get("uuid"))
+    try:
+        return seen[key]
+    except KeyError:
+        gpu = seen[key] = GpuRef.from_device(device)
+        return gpu
+    except TypeError:  # an unhashable value (not a schema-valid report)
+        return GpuRef.from_device(device)
+
+
 def extract(host: str, report: Mapping[str, Any]) -> Iterator[Figure | Curve]:
-    """Every figure and curve a report publishes; malformed entries are ignored, not fatal."""
+    """Every figure and curve a report publishes; malformed entries are ignored, not fatal. The
+    figures of one GPU share one GpuRef (fewer objects to hand from a reading process)."""
+    gpus: dict[Any, GpuRef | None] = {}
     for chk in report["checks"]:
         check = chk["id"]
         for result in chk["results"]:
@@ -82,7 +103,7 @@ def extract(host: str, report: Mapping[str, Any]) -> Iterator[Figure | Curve]:
             figures, curve = details.get("figures"), details.get("curve")
             if not figures and not curve:
                 continue
-            gpu = GpuRef.from_device(result.get("device"))
+            gpu = _gpu(result.get("device"), gpus)
             if isinstance(figures, dict):
                 # NaN and infinities are kept: a figure that is not a number is a finding
                 # (stragglers.not_finite), never silently left out of the statistics.

@@ -16,7 +16,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ class HostReport:
     report: dict[str, Any] | None
     error: str | None = None
     path: Path | None = None
+    # read(keep_text=True): the file's bytes when `report` is exactly what orjson reads from them
+    # (no key, value or string changed by the loader), else None
+    text: bytes | None = field(default=None, repr=False)
 
 
 def _where(path: Any) -> str:
@@ -238,12 +241,17 @@ def parse_json(raw: bytes | str) -> Any:
     """Every JSON file the fleet reads from a run directory (host reports, cross-host files):
     integers bounded (MAX_INT_DIGITS), a key named twice in one object refused (DuplicateKey);
     ValueError for anything else json refuses, never RecursionError."""
+    return _parse(raw)[0]
+
+
+def _parse(raw: bytes | str) -> tuple[Any, bool]:
+    """parse_json's document, and whether orjson.loads(raw) reads it (the fast path)."""
     if isinstance(raw, bytes):
         doc = _fast(raw)
         if doc is not None:
-            return doc
+            return doc, True
     try:
-        return json.loads(raw, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+        return json.loads(raw, parse_int=_bounded_int, object_pairs_hook=_unique_keys), False
     except RecursionError:
         raise ValueError("nested too deep") from None
 
@@ -298,11 +306,14 @@ def cleaned(doc: Any, raw: bytes | None = None) -> Any:
     return _cleaned(doc)
 
 
-def read(path: Path, host: str | None = None, validate: Validator | None = None) -> HostReport | None:
+def read(path: Path, host: str | None = None, validate: Validator | None = None,
+         keep_text: bool = False) -> HostReport | None:
     """The report at `path`, named after the file (reports/<run-id>/<host>.json) unless `host`;
     None for a fleet summary written into the same directory. Whatever is wrong with the file
     (not a regular file, not JSON, too deep, not valid against the schema, a host that is not
-    one node name, a verdict its checks do not give) makes it unreadable, with the reason."""
+    one node name, a verdict its checks do not give) makes it unreadable, with the reason.
+    `keep_text`: the report's `text` is the file's bytes where orjson reads them into the report
+    unchanged (HostReport.text)."""
     name = host or path.stem
 
     def unreadable(why: str) -> HostReport:
@@ -311,7 +322,7 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
 
     try:
         raw = read_regular(path)
-        doc = parse_json(raw)
+        doc, by_orjson = _parse(raw)
     except OSError as exc:
         return unreadable(exc.strerror or str(exc))
     except ValueError as exc:
@@ -321,12 +332,14 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None)
     problem = host_name_problem(name) or text_problem(doc, raw)
     if problem:
         return unreadable(problem)
-    doc = cleaned(doc, raw)
+    unsafe = _maybe_unsafe(raw)
+    if unsafe:  # cleaned(doc, raw)
+        doc = _cleaned(doc)
     problem = ((validate or validator())(doc) or reported_host_problem(doc["host"])
                or report_schema.consistency_problem(doc) or report_schema.time_problem(doc, time.time()))
     if problem:
         return unreadable(problem)
-    return HostReport(name, doc, None, path)
+    return HostReport(name, doc, None, path, raw if keep_text and by_orjson and not unsafe else None)
 
 
 # What scontrol expands into every node; the other reserved names (fleet, meta, crosshost,

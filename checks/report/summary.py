@@ -1,21 +1,25 @@
-"""A host report reduced to what the fleet keeps of it once it is folded into the aggregate.
+"""A host report as the fleet holds it once it is folded into the aggregate.
 
 A parsed report is about 225 kB of Python objects (68 kB of JSON, 162 results for 8 GPUs): a
 fleet of 10 000 would hold 2.2 GB. The aggregation streams instead: each report is read, checked,
-its figures and curves extracted, and then reduced by `compact` to a summary of the same shape
-(a dict with the report's keys, `checks` with their `results`), so every reader of
-`HostEntry.report` works unchanged on either. What the summary leaves out:
+its figures, curves and facts extracted (aggregate.read_one), and then held as a summary of the
+same shape (a mapping with the report's keys), so every reader of `HostEntry.report` works
+unchanged on either:
 
-- `environment` and every structured (non-scalar) entry of `system`;
-- of a result that PASSed or was SKIPped: everything but `status`, `message`, `device`, `value`,
-  `unit`, `fault_code`, `remedy` and the `details` the fleet reads (`figures`, the digest's, the fabric's):
-  its `expected` and the curve (already extracted as a `figures.Curve`);
-- nothing of a result that WARNed, FAILed or ERRORed, nor of the checks whose details the NVL72
-  domain reads.
+- the top-level entries but `environment` and every structured (non-scalar) entry of `system`,
+  identical strings kept once across the fleet;
+- its `checks` packed away whole (Packed): the report's own JSON text compressed with LZ4 (about
+  8.5 kB for 8 GPUs), read again with orjson when a reader asks for them; a report the loader had
+  to change or read with json instead (a string it sanitised, an integer orjson reads otherwise)
+  as a compressed pickle of its checks;
+- the few checks the fabric summary reads (SIDE_CHECKS) packed apart too, reduced: of a result
+  that PASSed or was SKIPped, only `status`, `message`, `device`, `value`, `unit`, `fault_code`,
+  `remedy` and the `details` those readers use.
 
-Identical top-level strings are kept once across the fleet, and one device mapping per GPU is
-shared by all its results in the host's summary: a summary is read, never written to. The fleet
-holds each summary packed (Packed): its checks as one compressed pickle, unpacked when read.
+Packing the text as it came costs ~30 us a report, where building a reduced copy of the checks
+result by result and pickling and compressing it cost ~500 us (the aggregation's largest cost);
+each later read of the checks costs ~300 us against ~170, and the fleet's outputs read each host's
+checks once or twice (docs/fleet-memory.md).
 """
 
 from __future__ import annotations
@@ -25,29 +29,29 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-# results reduced: a SKIP's message stays (JUnit's skipped message, the HTML's row)
+try:
+    import lz4.block as _lz4
+    import orjson as _orjson
+except ImportError:  # every report's checks are pickled and zlib-compressed instead
+    _lz4 = None
+    _orjson = None  # type: ignore[assignment]
+
+# the side checks' results reduced: a SKIP's message stays (the HTML's row)
 SLIMMED = frozenset({"PASS", "SKIP"})
-# details a PASSing or SKIPped result keeps: read by figures (history, Prometheus), digest_groups
-# and fabric_summary
-KEPT_DETAILS = frozenset({"figures", "digest", "model", "reference", "rails", "transports",
-                          "nccl_transport", "rail"})
-# checks whose results are kept whole: nvl72 reads any of their details
-WHOLE_CHECKS = frozenset({"nvl72-fabric", "imex-service"})
-# besides status, message and device: what the HTML (value, unit), Prometheus (fault_code) and
-# JUnit (a SKIP's remedy in a failed check's text) show of such a result, kept when it has one
+# details a PASSing or SKIPped result of a side check keeps: what fabric_summary reads
+KEPT_DETAILS = frozenset({"figures", "rails", "transports", "nccl_transport", "rail"})
+# besides status, message and device: what a reader shows of such a result, kept when it has one
 KEPT_WHEN_SET = ("value", "unit", "fault_code", "remedy")
 TOP_LEVEL_DROPPED = frozenset({"checks", "system", "environment"})
 # checks the fleet's fabric summary reads (fabric_summary: drawn in the HTML and the terminal):
 # a Packed summary packs them apart too (side_checks), so that view never unpacks all of a host's
-# checks (two walks of every host's packed checks, ~0.35 ms a host; these few, ~0.02 ms)
+# checks (two reads of every host's packed checks, ~0.6 ms a host; these few, ~0.02 ms)
 SIDE_CHECKS = frozenset({"rdma-rails", "nccl-transport", "nccl-allreduce", "xhost-collective"})
 
 
 class Compactor:
     """Reduces reports one at a time. Top-level strings seen before are shared (one per fleet);
-    the checks are packed away (Packed), where one host's results share each GPU's device
-    mapping. Written for speed (it runs on each of 10 000 reports' 162 results): one pass, no
-    per-string work inside the checks."""
+    the checks are packed away whole (Packed)."""
 
     def __init__(self) -> None:
         self._strings: dict[str, str] = {}
@@ -55,24 +59,23 @@ class Compactor:
     def _text(self, value: Any) -> Any:
         return self._strings.setdefault(value, value) if type(value) is str else value
 
-    def compact(self, report: Mapping[str, Any]) -> dict[str, Any]:
-        """The summary of a report that passed the loader's checks (schema-valid)."""
+    def top(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """The top-level entries a summary keeps of a report (all but `checks`)."""
         text = self._text
         out = {k: text(v) for k, v in report.items() if k not in TOP_LEVEL_DROPPED}
         system = report.get("system")
         if isinstance(system, dict):
             out["system"] = {k: text(v) for k, v in system.items() if not isinstance(v, dict | list)}
-        devices: dict[Any, Any] = {}  # one device mapping per GPU, shared by its results
-        share = devices.setdefault
-        checks = []
-        for chk in report.get("checks", []):
-            slim = {k: v for k, v in chk.items() if k != "results"}
-            results = chk.get("results", [])
-            slim["results"] = (results if chk.get("id") in WHOLE_CHECKS
-                               else [_slim(r, share) for r in results])
-            checks.append(slim)
-        out["checks"] = checks
         return out
+
+    def compact(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """The summary of a report that passed the loader's checks (schema-valid), unpacked."""
+        return {**self.top(report), "checks": report.get("checks", [])}
+
+    def pack(self, report: Mapping[str, Any], text: bytes | None = None) -> Packed:
+        """The summary of a report as the fleet holds it. `text`: the JSON text orjson reads
+        into `report` exactly (loader.HostReport.text), kept compressed in place of its checks."""
+        return Packed.of(self.top(report), report.get("checks", []), text)
 
 
 def _slim(result: dict[str, Any], share: Callable[[Any, Any], Any]) -> dict[str, Any]:
@@ -82,24 +85,15 @@ def _slim(result: dict[str, Any], share: Callable[[Any, Any], Any]) -> dict[str,
         return result
     device = get("device")
     if type(device) is dict:
-        try:  # noqa: SIM105 (~160 a report: contextlib.suppress costs ~0.5 us each, try nothing)
+        try:  # noqa: SIM105 (a device mapping with a nested value is not shared)
             device = share(tuple(device.items()), device)
-        except TypeError:  # a nested value: not shared
+        except TypeError:
             pass
     out = {"status": status, "message": get("message"), "device": device}
-    # KEPT_WHEN_SET, in its order, written out: a loop over the four costs ~0.3 us a result
-    value = get("value")
-    if value is not None:
-        out["value"] = value
-    value = get("unit")
-    if value is not None:
-        out["unit"] = value
-    value = get("fault_code")
-    if value is not None:
-        out["fault_code"] = value
-    value = get("remedy")
-    if value is not None:
-        out["remedy"] = value
+    for key in KEPT_WHEN_SET:
+        value = get(key)
+        if value is not None:
+            out[key] = value
     details = get("details")
     if details and type(details) is dict and not KEPT_DETAILS.isdisjoint(details):
         out["details"] = {k: v for k, v in details.items() if k in KEPT_DETAILS}
@@ -108,27 +102,31 @@ def _slim(result: dict[str, Any], share: Callable[[Any, Any], Any]) -> dict[str,
 
 class Packed(Mapping[str, Any]):
     """A summary as the fleet holds it between reading and writing: its top-level entries as a
-    mapping, its `checks` as one compressed pickle (about 5 kB for 8 GPUs' 162 results, against
-    about 60 kB of Python objects), unpacked again on each read of `checks`. A reader that walks
-    every host's checks (a renderer, the history) holds one host's checks at a time; what the
-    aggregation itself needs of them is taken while the whole report is at hand (aggregate.Facts).
-    Pickle, not JSON: it keeps what JSON text cannot (NaN, shared tuples) bit for bit."""
+    mapping, its `checks` packed (the module's docstring says how), unpacked again on each read
+    of `checks`, a fresh copy each time. A reader that walks every host's checks (a renderer, the
+    history) holds one host's checks at a time; what the aggregation itself needs of them is
+    taken while the whole report is at hand (aggregate.Facts). Where the checks are pickled, NaN
+    and shared objects are kept bit for bit."""
 
-    __slots__ = ("_blob", "_side", "_top", "checks_count")
+    __slots__ = ("_blob", "_side", "_text", "_top", "checks_count")
 
-    def __init__(self, top: dict[str, Any], checks: list[dict[str, Any]] | bytes,
-                 checks_count: int | None = None, side: bytes = b"") -> None:
-        self._top = top
-        if isinstance(checks, bytes):
-            self._blob, self.checks_count, self._side = checks, checks_count or 0, side
-        else:
-            self._blob = _packed(checks)
-            self.checks_count = len(checks)
-            found = _side_checks(checks)  # as unpacked objects they took ~3 kB a host
-            self._side = _packed(found) if found else b""
+    def __init__(self, top: dict[str, Any], blob: bytes, checks_count: int, side: bytes = b"",
+                 text: bool = False) -> None:
+        self._top, self._blob, self.checks_count, self._side, self._text = top, blob, checks_count, side, text
+
+    @classmethod
+    def of(cls, top: dict[str, Any], checks: list[dict[str, Any]], text: bytes | None = None) -> Packed:
+        """`top` and `checks` packed; `text` as for Compactor.pack."""
+        found = _side_checks(checks)
+        side = _packed(_slimmed(found)) if found else b""
+        if text is not None and _lz4 is not None:
+            return cls(top, _lz4.compress(text), len(checks), side, True)
+        return cls(top, _packed(checks), len(checks), side)
 
     def __getitem__(self, key: str) -> Any:
         if key == "checks":
+            if self._text:
+                return _orjson.loads(_lz4.decompress(self._blob))["checks"]  # type: ignore[union-attr]
             return pickle.loads(zlib.decompress(self._blob))
         return self._top[key]
 
@@ -143,15 +141,23 @@ class Packed(Mapping[str, Any]):
         return key == "checks" or key in self._top
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Packed, (self._top, self._blob, self.checks_count, self._side))
+        return (Packed, (self._top, self._blob, self.checks_count, self._side, self._text))
 
     def with_host(self, host: str) -> Packed:
         """The same summary under the fleet's name for the host (its file's name)."""
-        return Packed({**self._top, "host": host}, self._blob, self.checks_count, self._side)
+        return Packed({**self._top, "host": host}, self._blob, self.checks_count, self._side, self._text)
 
 
 def _packed(checks: list[dict[str, Any]]) -> bytes:
     return zlib.compress(pickle.dumps(checks, pickle.HIGHEST_PROTOCOL), 1)
+
+
+def _slimmed(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The side checks reduced (one device mapping per GPU, shared by its results)."""
+    devices: dict[Any, Any] = {}
+    share = devices.setdefault
+    return [{**{k: v for k, v in chk.items() if k != "results"},
+             "results": [_slim(r, share) for r in chk.get("results", [])]} for chk in checks]
 
 
 def _side_checks(checks: Any) -> list[dict[str, Any]]:
@@ -160,16 +166,16 @@ def _side_checks(checks: Any) -> list[dict[str, Any]]:
 
 def side_checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The checks of a report or summary whose id is one of SIDE_CHECKS, in the report's order
-    (a Packed summary's without unpacking the others): what a reader of only those checks sees
-    in `checks`."""
+    (a Packed summary's without unpacking the others, reduced): what a reader of only those
+    checks sees in `checks`."""
     if isinstance(report, Packed):
         return pickle.loads(zlib.decompress(report._side)) if report._side else []
     return _side_checks(report.get("checks"))
 
 
-def pack(summary: dict[str, Any]) -> Packed:
+def pack(summary: Mapping[str, Any], text: bytes | None = None) -> Packed:
     """`summary` (Compactor.compact) as the fleet holds it."""
-    return Packed({k: v for k, v in summary.items() if k != "checks"}, summary.get("checks", []))
+    return Packed.of({k: v for k, v in summary.items() if k != "checks"}, summary.get("checks", []), text)
 
 
 def holds_checks(report: Mapping[str, Any]) -> bool:

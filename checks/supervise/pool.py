@@ -2,8 +2,11 @@
 parsing and validating thousands of host reports): results come back in the order of the inputs,
 so what is built from them is the same as with one process.
 
-The pool's processes are forked from the caller (the modules it imported are there already), run
-nothing but the given function, and are gone when ordered_map's iterator is exhausted or closed.
+N processes share the work, the caller one of them: N - 1 are forked from the caller (the modules
+it imported are there already), run nothing but the given function, and are gone when the pool
+(or ordered_map's iterator) ends. The caller hands the forked processes the next chunk of items
+while each has fewer than two, and otherwise runs the next chunk itself: what it runs costs no
+pickling on either side and no unpickling in the caller (about 0.2 ms of a fleet report's 1.2).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypeVar
 
 from checks.supervise import procs
@@ -63,11 +66,16 @@ def _worker_setup(parent: int) -> None:
         os._exit(1)
 
 
+def _run_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
+    return [fn(item) for item in chunk]
+
+
 class Pool:
-    """`workers` processes for several ordered maps. Forked at the first map and kept until the
-    `with` block ends: a caller that first reads (a small process) and then holds what it read
-    (hundreds of MB) gives its later maps the processes forked while it was small, never copies
-    of its grown self. One worker means the builtin map in this process."""
+    """`workers` processes for several ordered maps, the caller one of them. The others are forked
+    at the start of the `with` block and kept until it ends: a caller that first reads (a small
+    process) and then holds what it read (hundreds of MB) gives its later maps the processes
+    forked while it was small, never copies of its grown self. One worker means the builtin map
+    in this process."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -75,7 +83,8 @@ class Pool:
 
     def __enter__(self) -> Pool:
         if self.workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+            self._executor = ProcessPoolExecutor(self.workers - 1,
+                                                 mp_context=multiprocessing.get_context("fork"),
                                                  initializer=_worker_setup, initargs=(os.getpid(),))
         return self
 
@@ -89,7 +98,41 @@ class Pool:
         picklable; a caller that stops early leaves the rest of its items unstarted."""
         if self._executor is None:
             return map(fn, items)
-        return self._executor.map(fn, items, chunksize=chunksize)
+        return self._shared(self._executor, fn, list(items), max(1, chunksize))
+
+    def _shared(self, executor: ProcessPoolExecutor, fn: Callable[[T], R], items: list[T],
+                chunksize: int) -> Iterator[R]:
+        """The chunks of `items` in order, each run by a forked process or by the caller: the
+        next chunk goes to the forked processes while they hold fewer than two each (one running,
+        one queued), else the caller runs it. Results are held only until those before them are
+        given out (at most one chunk per process and the caller's)."""
+        chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
+        slots: dict[int, Future[list[R]] | list[R]] = {}
+        queued, given, busy_limit = 0, 0, 2 * (self.workers - 1)
+        pending: set[Future[list[R]]] = set()
+        try:
+            while given < len(chunks):
+                pending = {f for f in pending if not f.done()}
+                while queued < len(chunks) and len(pending) < busy_limit:
+                    future = executor.submit(_run_chunk, fn, chunks[queued])
+                    slots[queued] = future
+                    pending.add(future)
+                    queued += 1
+                while given < queued:  # what is done, in order
+                    slot = slots[given]
+                    if isinstance(slot, Future):
+                        if not slot.done() and queued < len(chunks):
+                            break
+                        slot = slot.result()
+                    del slots[given]
+                    given += 1
+                    yield from slot
+                if queued < len(chunks):  # the forked processes are busy: the caller runs one
+                    slots[queued] = _run_chunk(fn, chunks[queued])
+                    queued += 1
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None,

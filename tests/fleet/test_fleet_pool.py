@@ -20,7 +20,7 @@ import pytest
 from checks.devtools import synthetic
 from checks.devtools.synthetic import Broken, Slow
 from checks.fleet.fleet_cli import main
-from checks.report import aggregate, summary
+from checks.report import aggregate, load, summary
 from checks.supervise import pool
 
 
@@ -31,8 +31,9 @@ def _pid(_: int) -> int:
 def test_ordered_map_runs_in_other_processes_and_keeps_the_order() -> None:
     numbers = range(-40, 40)
     assert list(pool.ordered_map(abs, numbers, workers=3, chunksize=4)) == [abs(i) for i in numbers]
+    # two processes share the work: a forked one and the caller (no pickling of what it runs)
     pids = set(pool.ordered_map(_pid, range(64), workers=2, chunksize=1))
-    assert os.getpid() not in pids and pids
+    assert len(pids) == 2 and os.getpid() in pids
     assert set(pool.ordered_map(_pid, range(8), workers=1)) == {os.getpid()}  # one: no pool
 
 
@@ -44,13 +45,13 @@ def test_a_pool_keeps_its_processes_for_later_maps() -> None:
         big = bytearray(64 << 20)  # the controller grows
         later = set(workers.map(_pid, range(16), 1))
         del big
-    assert first and later <= first and os.getpid() not in first
+    assert len(first) == 2 and later <= first and os.getpid() in first
     with pool.Pool(1) as inline:
         assert set(inline.map(_pid, range(4))) == {os.getpid()}
 
 
-def _ignores_sigint(_: int) -> bool:
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+def _ignores_sigint(_: int) -> tuple[int, bool]:
+    return os.getpid(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_ctrl_c_is_left_to_the_caller() -> None:
@@ -60,8 +61,10 @@ def test_ctrl_c_is_left_to_the_caller() -> None:
     # runner) leaves SIGINT ignored in every process below it, the pool's workers included.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        assert not _ignores_sigint(0)
-        assert all(pool.ordered_map(_ignores_sigint, range(4), workers=2, chunksize=1))
+        assert not _ignores_sigint(0)[1]
+        seen = dict(pool.ordered_map(_ignores_sigint, range(16), workers=3, chunksize=1))
+        forked = {pid: ignores for pid, ignores in seen.items() if pid != os.getpid()}
+        assert forked and all(forked.values())  # the caller's own items: its own Ctrl-C
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -140,6 +143,42 @@ def test_a_packed_summary_reads_as_the_summary_it_packs(h100_report: dict[str, A
     assert renamed["host"] == "other" and packed["host"] == whole["host"]
 
 
+def test_a_summary_keeps_the_report_text_only_as_the_loader_read_it(tmp_path: Path,
+                                                                   h100_report: dict[str, Any]) -> None:
+    """The checks are held as the file's own JSON text (LZ4) when orjson reads it into the report
+    unchanged; a string the loader sanitised, or a text json read instead, holds the checks as
+    read (a pickle), so each read gives what the loader gave."""
+    whole = json.loads(json.dumps(h100_report))
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(whole, indent=2))
+    assert load.read(plain) is not None and load.read(plain).text is None  # not asked for
+    item = load.read(plain, keep_text=True)
+    assert item is not None and item.report is not None and item.text == plain.read_bytes()
+    packed = summary.Compactor().pack(item.report, item.text)
+    assert packed._text and len(packed._blob) * 4 < len(item.text)
+    assert packed["checks"] == whole["checks"] and packed["checks"] is not packed["checks"]
+    assert summary.side_checks(packed) == [  # the fabric's checks apart, reduced
+        {**c, "results": [summary._slim(r, {}.setdefault) for r in c["results"]]}
+        for c in whole["checks"] if c["id"] in summary.SIDE_CHECKS]
+
+    whole["checks"][0]["results"][0]["message"] = "bell \x07 here"
+    whole["checks"][1]["results"][0]["details"] = {"n": 12345678901234567890}  # 20 digits: json's
+    for name, changed in (("bell", 0), ("long", 1)):
+        edited = json.loads(json.dumps(whole))
+        if name == "bell":
+            edited["checks"][1]["results"][0]["details"] = {}
+        else:
+            edited["checks"][0]["results"][0]["message"] = "plain"
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(edited))
+        item = load.read(path, keep_text=True)
+        assert item is not None and item.report is not None and item.text is None, name
+        packed = summary.Compactor().pack(item.report, item.text)
+        assert not packed._text and packed["checks"] == item.report["checks"], name
+        assert packed["checks"][changed]["results"][0] == item.report["checks"][changed]["results"][0]
+    assert item.report["checks"][1]["results"][0]["details"]["n"] == 12345678901234567890
+
+
 def test_the_fleet_holds_packed_summaries(run_dir: Path) -> None:
     fleet = aggregate.load(run_dir)
     kept = [h.report for h in fleet.hosts if h.report is not None]
@@ -203,7 +242,7 @@ def test_workers_end_with_a_killed_caller(tmp_path) -> None:
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from checks.supervise import pool\n"
         "import test_fleet_pool as t\n"
-        "for _ in pool.ordered_map(t._sleep_then_echo, range(4), workers=2, chunksize=1):\n"
+        "for _ in pool.ordered_map(t._sleep_then_echo, range(6), workers=3, chunksize=1):\n"
         "    pass\n"
     )
     caller = subprocess.Popen([sys.executable, str(script)])
