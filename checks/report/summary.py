@@ -117,8 +117,8 @@ class Packed(Mapping[str, Any]):
     @classmethod
     def of(cls, top: dict[str, Any], checks: list[dict[str, Any]], text: bytes | None = None) -> Packed:
         """`top` and `checks` packed; `text` as for Compactor.pack."""
-        found = _side_checks(checks)
-        side = _packed(_slimmed(found)) if found else b""
+        found = _side_checks(checks)  # a few hundred bytes: pickled, not compressed
+        side = pickle.dumps(_slimmed(found), pickle.HIGHEST_PROTOCOL) if found else b""
         if text is not None and _lz4 is not None:
             return cls(top, _lz4.compress(text), len(checks), side, True)
         return cls(top, _packed(checks), len(checks), side)
@@ -169,7 +169,7 @@ def side_checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     (a Packed summary's without unpacking the others, reduced): what a reader of only those
     checks sees in `checks`."""
     if isinstance(report, Packed):
-        return pickle.loads(zlib.decompress(report._side)) if report._side else []
+        return pickle.loads(report._side) if report._side else []
     return _side_checks(report.get("checks"))
 
 

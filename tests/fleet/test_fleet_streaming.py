@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import weakref
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,10 @@ TEXTS = [
     b'{"n": 123456789012345678}',  # 18 digits: orjson reads it
     b'{"n": 1234567890123456789}',  # 19 digits: json's path
     b'{"n": 18446744073709551616}',  # 2**64: 20 digits, past 64 bits
+    b'{"n": 18446744073709551615}',  # 2**64 - 1: orjson reads it as json does
+    b'{"n": [-9223372036854775808, -9223372036854775809]}',  # the least 64-bit integer, and past it
+    b'{"n": 1.5e17, "s": "e+"}',  # a float and a string orjson writes with an exponent's `e+`
+    b'{"f": 0.1000000000000000055511151231257827021181583404541015625}',  # a long float
     b'{"n": ' + b"9" * 25 + b"}",  # refused by the digit bound
     b'{"f": NaN, "g": -Infinity}',
     b'["\\ud800"]',  # lone surrogate
@@ -144,6 +149,23 @@ def test_parse_json_reads_what_json_reads(raw: bytes) -> None:
         assert got[0] == "ok" and json.dumps(got[1]) == json.dumps(want[1])  # NaN != NaN
     else:
         assert got == want
+
+
+def test_orjson_reads_long_decimals_into_json_s_floats() -> None:
+    """The fast path no longer sends a long run of digits to json: orjson's floats must be the
+    correctly rounded doubles json's float() gives."""
+    if load._orjson is None:
+        pytest.skip("orjson is not installed: json reads every report")
+    import random
+
+    rng = random.Random(5)
+    for _ in range(20_000):
+        whole = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 40))).lstrip("0") or "0"
+        frac = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 40)))
+        text = f"[{rng.choice(['', '-'])}{whole}.{frac}e{rng.randint(-320, 300)}]".encode()
+        want = _reference(text)
+        got = load.parse_json(text) if want[0] == "ok" and abs(want[1][0]) != math.inf else None
+        assert got is None or got == want[1], text
 
 
 def test_the_fast_path_is_taken_for_a_report() -> None:
