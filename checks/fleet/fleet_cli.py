@@ -242,7 +242,7 @@ def report(args: argparse.Namespace, console: Console, err: Console) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
     expected, errors = _expected(args), _host_errors(args.host_errors)
-    # processes for the reading and the JUnit suites, forked at the reading, while this one is small
+    # processes for the reading (forked for it) and the JUnit suites (forked now, while this one is small)
     with pool.Pool(pool.processes(sum(1 for _ in directory.glob("*.json")), args.jobs)) as workers:
         return _report(args, console, err, directory, expected, errors, workers)
 
@@ -251,7 +251,7 @@ def _report(args: argparse.Namespace, console: Console, err: Console, directory:
             expected: list[str] | None, errors: dict[str, str], workers: pool.Pool) -> int:
     cross = crosshost.merge(directory)
     with loader.gc_paused():
-        found, outside = _outside(_checked_something(aggregate.read(directory, workers.map)),
+        found, outside = _outside(_checked_something(aggregate.read(directory, workers.read_map)),
                                   expected if args.inventory else None, errors)
     if outside:
         err.print(f"warning: {len(outside)} report(s) from hosts outside the inventory, not counted: "
@@ -302,6 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         err.print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
                   highlight=False, markup=False, soft_wrap=True)
+        return EXIT_USAGE
+    except pool.WorkerDied as exc:  # no verdict: a reading process was killed (the OOM killer)
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)

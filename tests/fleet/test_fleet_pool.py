@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -28,12 +29,72 @@ def _pid(_: int) -> int:
     return os.getpid()
 
 
+def _slow_pid(_: int) -> int:  # long enough that a process forked for the map takes some items
+    import time
+
+    time.sleep(0.005)
+    return os.getpid()
+
+
 def test_ordered_map_runs_in_other_processes_and_keeps_the_order() -> None:
     numbers = range(-40, 40)
     assert list(pool.ordered_map(abs, numbers, workers=3, chunksize=4)) == [abs(i) for i in numbers]
-    # two processes share the work: a forked one and the caller (no pickling of what it runs)
-    pids = set(pool.ordered_map(_pid, range(64), workers=2, chunksize=1))
-    assert len(pids) == 2 and os.getpid() in pids
+    # two processes share the work: one forked for the map and the caller (no pickling of what it runs)
+    pids = list(pool.ordered_map(_slow_pid, range(64), workers=2, chunksize=2))
+    assert len(set(pids)) == 2 and os.getpid() in pids
+    assert all(len(set(pids[i:i + 2])) == 1 for i in range(0, 64, 2))  # a chunk is one process's
+
+
+def _fails_when_forked(x: int) -> int:
+    if os.getpid() != _CALLER[0]:
+        raise ValueError(f"item {x} failed in a forked reader")
+    return _slow_pid(x) and x
+
+
+_CALLER = [os.getpid()]
+
+
+def test_what_a_forked_reader_raises_is_raised_in_the_caller_and_ends_the_others() -> None:
+    _CALLER[0] = os.getpid()
+    with pytest.raises(ValueError, match="failed in a forked reader"):
+        list(pool.ordered_map(_fails_when_forked, range(40), workers=2, chunksize=1))
+    assert not multiprocessing.active_children()
+
+
+def _dies(x: int) -> int:
+    if os.getpid() != _CALLER[0]:
+        os._exit(9)  # as the kernel's OOM killer would end it
+    return _slow_pid(x) and x
+
+
+def test_a_reader_that_dies_is_one_line_not_a_hang() -> None:
+    _CALLER[0] = os.getpid()
+    with pytest.raises(pool.WorkerDied, match=r"^a reading process ended before item \d+ of 40"):
+        list(pool.ordered_map(_dies, range(40), workers=2, chunksize=1))
+    assert not multiprocessing.active_children()
+
+
+def test_the_report_command_says_in_one_line_that_a_reader_died(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real, caller = aggregate.read_one, os.getpid()
+
+    def dies_when_forked(path: Path) -> Any:
+        if os.getpid() != caller:
+            os._exit(9)
+        return _slow_pid(0) and real(path)
+
+    monkeypatch.setattr(aggregate, "read_one", dies_when_forked)
+    assert main(["report", str(run_dir), "-q", "--jobs", "2", "--no-history"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: a reading process ended before item") and "\n" not in err
+    assert not multiprocessing.active_children()
+
+
+def test_a_caller_that_stops_early_ends_the_forked_readers() -> None:
+    results = pool.ordered_map(_slow_pid, range(400), workers=3, chunksize=1)
+    assert next(results) and multiprocessing.active_children()
+    results.close()
+    assert not multiprocessing.active_children()
     assert set(pool.ordered_map(_pid, range(8), workers=1)) == {os.getpid()}  # one: no pool
 
 
@@ -50,8 +111,8 @@ def test_a_pool_keeps_its_processes_for_later_maps() -> None:
         assert set(inline.map(_pid, range(4))) == {os.getpid()}
 
 
-def _ignores_sigint(_: int) -> tuple[int, bool]:
-    return os.getpid(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+def _ignores_sigint(x: int) -> tuple[int, bool]:
+    return _slow_pid(x), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_ctrl_c_is_left_to_the_caller() -> None:
@@ -62,7 +123,7 @@ def test_ctrl_c_is_left_to_the_caller() -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         assert not _ignores_sigint(0)[1]
-        seen = dict(pool.ordered_map(_ignores_sigint, range(16), workers=3, chunksize=1))
+        seen = dict(pool.ordered_map(_ignores_sigint, range(64), workers=3, chunksize=1))
         forked = {pid: ignores for pid, ignores in seen.items() if pid != os.getpid()}
         assert forked and all(forked.values())  # the caller's own items: its own Ctrl-C
     finally:
