@@ -412,17 +412,10 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
             entry.status = "FAIL" if entry.status in ("PASS", "WARN") else entry.status
             entry.problems.append(nvl72.CHECK_ID)
 
-    figures: list[figs.Figure] = []
-    curves: list[figs.Curve] = []
-    for entry in hosts:
-        for pub in published.get(entry.host, ()) if entry.report is not None else ():
-            if isinstance(pub, figs.Figure):
-                figures.append(pub)
-            else:
-                curves.append(pub)
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
-    figures, broken = strag.split_finite(figures)  # a NaN figure is a finding, never dropped
-    groups = strag.group(figures, profile_of.__getitem__)
+    # a NaN figure is a finding (broken), never dropped; what is not a figure is a curve
+    groups, broken, curves = strag.group_by_host(
+        (profile_of[h.host], published.get(h.host, ())) for h in hosts if h.report is not None)
     stats, stragglers = strag.find(groups, straggler_pct)
     stragglers = strag.not_finite(broken, stats, profile_of.__getitem__, straggler_pct) + stragglers
     _add_findings(hosts, "straggler", [(s.host, _straggler_finding(s)) for s in stragglers])

@@ -102,12 +102,29 @@ def classify(deficit: float, threshold_pct: float) -> str | None:
 
 def group(figures: Iterable[Figure], profile_of: Callable[[str], str]) -> dict[PeerKey, list[Figure]]:
     """Figures by peer group; `profile_of(host)` names the host's GPU model profile."""
+    return group_by_host((profile_of(fig.host), (fig,)) for fig in figures)[0]
+
+
+def group_by_host(hosts: Iterable[tuple[str, Iterable[Any]]]) -> tuple[dict[PeerKey, list[Figure]],
+                                                                         list[Figure], list[Any]]:
+    """(group(finite figures), the figures that are not finite numbers, everything else) of each
+    host's (profile, figures and curves), in one pass (10 000 hosts: 200 000 figures)."""
     # keyed by plain tuples while grouping (a dataclass key hashes and compares in Python: 2 s
     # for 10 000 hosts' 180 000 figures), the same order as sorting the PeerKeys' fields
     groups: dict[tuple[str, str, str, str], list[Figure]] = defaultdict(list)
-    for fig in figures:
-        groups[(fig.check, fig.name, profile_of(fig.host), "gpu" if fig.gpu else "host")].append(fig)
-    return {PeerKey(*key): members for key, members in sorted(groups.items(), key=lambda kv: kv[0])}
+    broken: list[Figure] = []
+    other: list[Any] = []
+    isfinite = math.isfinite
+    for profile, published in hosts:
+        for fig in published:
+            if type(fig) is not Figure:
+                other.append(fig)
+            elif isfinite(fig.value):
+                groups[(fig.check, fig.name, profile, "gpu" if fig.gpu else "host")].append(fig)
+            else:
+                broken.append(fig)
+    keyed = {PeerKey(*key): members for key, members in sorted(groups.items(), key=lambda kv: kv[0])}
+    return keyed, broken, other
 
 
 def find(groups: dict[PeerKey, list[Figure]],
@@ -134,15 +151,6 @@ def find(groups: dict[PeerKey, list[Figure]],
                                             median, deficit, pct, status))
     stragglers.sort(key=lambda s: (s.status != "FAIL", -s.deficit_pct, s.host))
     return stats, stragglers
-
-
-def split_finite(figures: Iterable[Figure]) -> tuple[list[Figure], list[Figure]]:
-    """(finite figures, the others)."""
-    finite: list[Figure] = []
-    other: list[Figure] = []
-    for fig in figures:
-        (finite if math.isfinite(fig.value) else other).append(fig)
-    return finite, other
 
 
 def not_finite(figures: Iterable[Figure], stats: Iterable[FigureStats], profile_of: Callable[[str], str],
