@@ -11,10 +11,11 @@ installed) and the pure-Python jsonschema (the fallback), the latter on a sample
     python benchmarks/fleet_bench.py --scale 1000,10000 [--jobs N] [--compare DIR]
 
 builds each fleet size and aggregates it in a fresh child process, as `python -m checks.fleet
-report` does: once in one process, once with the reports read in a pool of N processes
-(checks.supervise.pool; default: as the fleet CLI chooses, one per 64 reports up to the usable
-CPUs). Each run prints its wall s, its own CPU s and peak RSS, and the pool's worker CPU s and the
-largest worker's peak RSS (getrusage), which validator and parser it used; run it with the venv
+report` does: once in one process, once with the reports read by N processes, this one and
+N - 1 forked for the reading (checks.supervise.pool.ordered_map; default: as the fleet CLI
+chooses, one per 64 reports up to the usable CPUs). Each run prints its wall s, its own CPU s and
+peak RSS, and the forked processes' CPU s and the largest one's peak RSS (getrusage), which
+validator and parser it used; run it with the venv
 users get (no dev extras), docs/fleet-memory.md says how. The scale goal: 10 000 hosts in <= 5 s
 and <= 500 MB. `--compare DIR` aggregates each fleet also with the `checks` package found in DIR
 (an earlier version with the reading pool, 09534f4 or later: `git archive REV checks | tar -x -C

@@ -83,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lemon-runs", type=int, default=history.DEFAULT_RUNS, metavar="M",
                    help=f"runs looked back over for lemons (default {history.DEFAULT_RUNS})")
     r.add_argument("--jobs", type=int, metavar="N",
-                   help="processes that read and validate the reports and build the JUnit file's "
-                        "suites (default: one per 64 reports, at most the usable CPUs and 16; 1: this "
-                        "process only); the output is the same whatever N")
+                   help="processes that read and validate the reports (this one and N-1 forked) and "
+                        "build the JUnit file's suites (default: one per 64 reports, at most the usable "
+                        "CPUs and 16; 1: this process only); the output is the same whatever N")
     r.add_argument("-v", "--verbose", action="store_true", help="list every host, passing ones too")
     r.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     r.add_argument("--format", choices=("table", "compact"), default="table",

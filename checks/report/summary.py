@@ -18,8 +18,8 @@ unchanged on either:
 
 Packing the text as it came costs ~30 us a report, where building a reduced copy of the checks
 result by result and pickling and compressing it cost ~500 us (the aggregation's largest cost);
-each later read of the checks costs ~300 us against ~170, and the fleet's outputs read each host's
-checks once or twice (docs/fleet-memory.md).
+each later read of the checks costs ~165 us against ~120, and the fleet's outputs read each host's
+checks once (docs/fleet.md, Performance).
 """
 
 from __future__ import annotations
