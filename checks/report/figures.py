@@ -80,7 +80,8 @@ def _gpu(device: Any, seen: dict[Any, GpuRef | None]) -> GpuRef | None:
     if not device or type(device) is not dict:
         return GpuRef.from_device(device)
     get = device.get
-    key = (get("index"), get("pci"), get("uuid"))
+    index = get("index")
+    key = (type(index), index, get("pci"), get("uuid"))  # 1 and 1.0 are one key, not one label
     try:
         return seen[key]
     except KeyError:

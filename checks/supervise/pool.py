@@ -131,12 +131,7 @@ def _reader(fn: Callable[[Any], Any], items: list[Any], chunksize: int, claim: A
     sent as (index, result); an exception as (-1, exception), and the end."""
     _worker_setup(parent)
     try:
-        while True:
-            with claim.get_lock():
-                start = claim.value
-                claim.value = start + chunksize
-            if start >= len(items):
-                break
+        while (start := _claimed(claim, chunksize)) < len(items):
             for i in range(start, min(start + chunksize, len(items))):
                 conn.send_bytes(pickle.dumps((i, fn(items[i])), pickle.HIGHEST_PROTOCOL))
     except BaseException as exc:  # handed to the caller, which raises it
@@ -152,12 +147,14 @@ def _reader(fn: Callable[[Any], Any], items: list[Any], chunksize: int, claim: A
 class _Readers:
     """The processes shared_map forked, and the results they sent that are not given out yet."""
 
-    def __init__(self, fn: Callable[[Any], Any], items: list[Any], chunksize: int, claim: Any,
-                 count: int) -> None:
-        ctx = multiprocessing.get_context("fork")
+    def __init__(self) -> None:
         self.processes: list[Any] = []
         self.pipes: list[Connection] = []
         self.done: dict[int, Any] = {}
+
+    def start(self, fn: Callable[[Any], Any], items: list[Any], chunksize: int, claim: Any,
+              count: int) -> None:
+        ctx = multiprocessing.get_context("fork")
         for _ in range(count):
             receive, send = ctx.Pipe(duplex=False)
             # F_SETPIPE_SZ (Linux): results wait there, not in a blocked write; past
@@ -217,9 +214,10 @@ def shared_map(fn: Callable[[T], R], items: Iterable[T], workers: int, chunksize
         yield from map(fn, items)
         return
     claim = multiprocessing.get_context("fork").Value("q", 0)
-    readers = _Readers(fn, items, chunksize, claim, workers - 1)
+    readers = _Readers()
     done, given = readers.done, 0
     try:
+        readers.start(fn, items, chunksize, claim, workers - 1)  # a failed fork ends those started
         while (start := _claimed(claim, chunksize)) < len(items):
             for i in range(start, min(start + chunksize, len(items))):
                 done[i] = fn(items[i])
