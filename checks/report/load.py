@@ -346,14 +346,13 @@ def read(path: Path, host: str | None = None, validate: Validator | None = None,
     problem = host_name_problem(name) or text_problem(doc, raw)
     if problem:
         return unreadable(problem)
-    unsafe = _maybe_unsafe(raw)
-    if unsafe:  # cleaned(doc, raw)
-        doc = _cleaned(doc)
+    read_as_is = doc
+    doc = cleaned(doc, raw)  # the same object when nothing needed cleaning
     problem = ((validate or validator())(doc) or reported_host_problem(doc["host"])
                or report_schema.consistency_problem(doc) or report_schema.time_problem(doc, time.time()))
     if problem:
         return unreadable(problem)
-    return HostReport(name, doc, None, path, raw if keep_text and by_orjson and not unsafe else None)
+    return HostReport(name, doc, None, path, raw if keep_text and by_orjson and doc is read_as_is else None)
 
 
 # What scontrol expands into every node; the other reserved names (fleet, meta, crosshost,

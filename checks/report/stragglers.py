@@ -100,15 +100,11 @@ def classify(deficit: float, threshold_pct: float) -> str | None:
     return None
 
 
-def group(figures: Iterable[Figure], profile_of: Callable[[str], str]) -> dict[PeerKey, list[Figure]]:
-    """Figures by peer group; `profile_of(host)` names the host's GPU model profile."""
-    return group_by_host((profile_of(fig.host), (fig,)) for fig in figures)[0]
-
-
 def group_by_host(hosts: Iterable[tuple[str, Iterable[Any]]]) -> tuple[dict[PeerKey, list[Figure]],
                                                                          list[Figure], list[Any]]:
-    """(group(finite figures), the figures that are not finite numbers, everything else) of each
-    host's (profile, figures and curves), in one pass (10 000 hosts: 200 000 figures)."""
+    """(the finite figures by peer group, the figures that are not finite numbers, everything
+    else) of each host's (GPU model profile, figures and curves), in one pass (10 000 hosts:
+    200 000 figures)."""
     # keyed by plain tuples while grouping (a dataclass key hashes and compares in Python: 2 s
     # for 10 000 hosts' 180 000 figures), the same order as sorting the PeerKeys' fields
     groups: dict[tuple[str, str, str, str], list[Figure]] = defaultdict(list)

@@ -68,10 +68,6 @@ class Compactor:
             out["system"] = {k: text(v) for k, v in system.items() if not isinstance(v, dict | list)}
         return out
 
-    def compact(self, report: Mapping[str, Any]) -> dict[str, Any]:
-        """The summary of a report that passed the loader's checks (schema-valid), unpacked."""
-        return {**self.top(report), "checks": report.get("checks", [])}
-
     def pack(self, report: Mapping[str, Any], text: bytes | None = None) -> Packed:
         """The summary of a report as the fleet holds it. `text`: the JSON text orjson reads
         into `report` exactly (loader.HostReport.text), kept compressed in place of its checks."""
@@ -171,11 +167,6 @@ def side_checks(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     if isinstance(report, Packed):
         return pickle.loads(report._side) if report._side else []
     return _side_checks(report.get("checks"))
-
-
-def pack(summary: Mapping[str, Any], text: bytes | None = None) -> Packed:
-    """`summary` (Compactor.compact) as the fleet holds it."""
-    return Packed.of({k: v for k, v in summary.items() if k != "checks"}, summary.get("checks", []), text)
 
 
 def holds_checks(report: Mapping[str, Any]) -> bool:

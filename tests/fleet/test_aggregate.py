@@ -131,7 +131,7 @@ def test_direction_from_the_figure_name(name: str, higher: bool) -> None:
 
 def _figs(name: str, values: list[float]) -> dict[stragglers.PeerKey, list[Figure]]:
     figs = [Figure(f"h{i}", "chk", name, v, GpuRef(0, None, f"U{i}")) for i, v in enumerate(values)]
-    return stragglers.group(figs, lambda host: "p")
+    return stragglers.group_by_host([("p", figs)])[0]
 
 
 @pytest.mark.parametrize(("value", "status"), [

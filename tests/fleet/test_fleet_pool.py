@@ -190,16 +190,17 @@ def test_pooled_and_single_process_reading_give_the_same_outputs(run_dir: Path, 
 
 def test_a_packed_summary_reads_as_the_summary_it_packs(h100_report: dict[str, Any]) -> None:
     whole = json.loads(json.dumps(h100_report))
-    compact = summary.Compactor().compact(whole)
-    assert dict(summary.pack(compact)) == compact
+    top = summary.Compactor().top(whole)
+    compact = {**top, "checks": whole["checks"]}
+    assert dict(summary.Packed.of(top, compact["checks"])) == compact
     compact["checks"][0]["results"][0]["value"] = math.nan
-    packed = summary.pack(compact)
+    packed = summary.Packed.of(top, compact["checks"])
     checks = packed["checks"]
     assert math.isnan(checks[0]["results"][0]["value"])  # kept bit for bit, not as null
     checks[0]["results"][0]["value"] = 1.0
     assert math.isnan(packed["checks"][0]["results"][0]["value"])  # each read is a fresh copy
     assert packed["verdict"] == whole["verdict"] and "checks" in packed and len(packed) == len(compact)
-    assert summary.holds_checks(packed) and not summary.holds_checks(summary.pack({**compact, "checks": []}))
+    assert summary.holds_checks(packed) and not summary.holds_checks(summary.Packed.of(top, []))
     renamed = packed.with_host("other")
     assert renamed["host"] == "other" and packed["host"] == whole["host"]
 
