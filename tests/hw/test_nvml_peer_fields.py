@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pynvml as nvml_codes
 from fakenvml import FakeGpu, FakeNvmlLibrary
 
 from checks.hw import nvml
@@ -56,3 +57,21 @@ def test_memory_used_and_firmware_versions(fake_nvml: Any) -> None:
     assert gpu.query("memory_used_bytes") == 10_644_094_976
     assert (gpu.query("vbios_version"), gpu.query("inforom_image_version")) == \
         ("96.00.74.00.1C", "G520.0202.00.05")
+
+
+def test_mig_parent_without_privileges_skips_instead_of_error(fake_nvml: Any, monkeypatch: Any
+                                                              ) -> None:
+    """A MIG-enabled GPU read without root: NVML refuses the parent handle's aggregate memory
+    as well as its process list (nvmlDeviceGetMemoryInfo_v2: "In MIG mode, if device handle is
+    provided, the API returns aggregate information, only if the caller has appropriate
+    privileges", cuda-python's NVML reference). gpu-occupied SKIPs it as not judgeable; reading
+    the memory before the NO_PERMISSION guard made it an ERROR ("could not measure")."""
+    monkeypatch.setattr(LinuxBackend, "container", lambda self: None)
+    refused = {"nvmlDeviceGetMemoryInfo_v2": nvml_codes.NVML_ERROR_NO_PERMISSION,
+               "nvmlDeviceGetComputeRunningProcesses_v3": nvml_codes.NVML_ERROR_NO_PERMISSION}
+    fake_nvml(FakeNvmlLibrary([FakeGpu(mig=(1, 1), errors=dict(refused)),
+                               FakeGpu(bus_id="00000000:19:00.0")]))
+    ctx = Context(LinuxBackend(), load_profile("generic"), Options(level="quick"))
+    results = list(occupancy.gpu_occupied(ctx))
+    assert [str(r.status) for r in results] == ["SKIP", "PASS"]
+    assert "privileges" in results[0].message

@@ -45,6 +45,14 @@ def _describe(proc: dict[str, Any]) -> str:
     return f"pid {proc['pid']} ({name}{'' if used is None else f', {used / MIB:.0f} MiB'})"
 
 
+def _unprivileged(what: str, exc: Exception) -> Result:
+    """In MIG mode the parent GPU's aggregate process list and memory need privileges (nvml.h,
+    nvmlDeviceGetComputeRunningProcesses and nvmlDeviceGetMemoryInfo[_v2]: "only if the caller
+    has appropriate privileges"): unknown, not broken."""
+    return skip(f"not judgeable: NVML refuses this GPU's {what} without privileges ({exc}); "
+                "run as root, or query the MIG devices")
+
+
 def _job_order(job: str) -> tuple[int, str]:
     return (int(job), job) if job.isdigit() else (0, job)
 
@@ -61,10 +69,11 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
     both through Backend.process_slurm_job) is the job Slurm placed there, not a stray: a GPU
     that only jobs hold SKIPs as busy, naming the job (the health check slurmd runs during jobs
     must not drain the node for its own job); other processes beside a job's are still judged.
-    A GPU whose process list NVML refuses for lack of privileges (NO_PERMISSION: a MIG-enabled
-    GPU's parent handle) SKIPs as not judgeable. Memory held with no process is only a warning
-    where the profile says occupancy.memory_without_process_status: warn (GB200/GB300: without
-    CDMM the OS manages GPU memory as a NUMA node and can keep freed memory mapped)."""
+    A GPU whose process list or memory use NVML refuses for lack of privileges (NO_PERMISSION: a
+    MIG-enabled GPU's parent handle) SKIPs as not judgeable. Memory held with no process is only
+    a warning where the profile says occupancy.memory_without_process_status: warn
+    (GB200/GB300: without CDMM the OS manages GPU memory as a NUMA node and can keep freed
+    memory mapped)."""
     p = ctx.profile
     process_status = _status(p.require("occupancy.process_status"))
     warn_bytes = int(p.require("occupancy.memory_used_warn_bytes"))
@@ -85,16 +94,16 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
 
     def measure(gpu: Gpu) -> Result:
         q = gpu.handle.query
-        used, total = int(q("memory_used_bytes")), int(q("memory_total_bytes"))
         try:
             procs: list[dict[str, Any]] | None = list(q("compute_processes"))
         except NotSupported:
             procs = None  # e.g. vGPU guests; the memory figure still tells
         except NoPermission as exc:
-            # In MIG mode the parent GPU's process list needs privileges (nvml.h,
-            # nvmlDeviceGetComputeRunningProcesses): unknown, not broken.
-            return skip(f"not judgeable: NVML refuses this GPU's process list without "
-                        f"privileges ({exc}); run as root, or query the MIG devices")
+            return _unprivileged("process list", exc)
+        try:
+            used, total = int(q("memory_used_bytes")), int(q("memory_total_bytes"))
+        except NoPermission as exc:
+            return _unprivileged("memory use", exc)
         details: dict[str, Any] = {"memory_used_bytes": used, "memory_total_bytes": total,
                                    "processes": procs}
         others = [pr for pr in procs or [] if pr["pid"] not in own]
