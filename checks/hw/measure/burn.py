@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from checks.hw.measure import cudatime
 from checks.hw.measure.compute_run import DTYPES
 
 Sampler = Callable[[], list[dict[str, Any]]]
@@ -33,13 +34,12 @@ def _digest(t: torch.Tensor) -> str:
 
 def _timed_mm(s: dict[str, Any]) -> None:
     """One GEMM, its time added to s["mm_s"]: only the matmul counts toward TFLOP/s, not the
-    bit comparison (on a GPU through CUDA events, which time the kernel, collected at each sync)."""
+    bit comparison (on a GPU through CUDA events on the GEMM's own device's stream, which time
+    the kernel, collected at each sync; cudatime says why not the current device's)."""
     if s["a"].device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.mm(s["a"], s["b"], out=s["out"])
-        end.record()
-        s["events"].append((start, end))
+        with cudatime.span(s["a"].device) as pair:
+            torch.mm(s["a"], s["b"], out=s["out"])
+        s["events"].append(pair)
         return
     t = time.perf_counter()
     torch.mm(s["a"], s["b"], out=s["out"])
@@ -47,8 +47,10 @@ def _timed_mm(s: dict[str, Any]) -> None:
 
 
 def _collect_events(s: dict[str, Any]) -> None:
-    """Add the finished CUDA event pairs' times (ms) to s["mm_s"]; call after a synchronize."""
-    s["mm_s"] += sum(start.elapsed_time(end) for start, end in s["events"]) / 1e3
+    """Add the finished CUDA event pairs' times to s["mm_s"]; call after synchronizing the
+    GEMM's device."""
+    if s["events"]:
+        s["mm_s"] += cudatime.elapsed_s(s["events"], s["a"].device)
     s["events"].clear()
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checks.hw.measure import busbw
+from checks.hw.measure import busbw, cudatime
 from checks.supervise.rank import Rank, run_rank
 
 PERIOD = 251  # index pattern period; with s(k) <= 7 values stay < 2**24 for ~2000 ranks
@@ -204,13 +204,11 @@ class Collectives:
             fn()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
+            with cudatime.span(dev) as pair:  # on the rank's GPU's stream (cudatime)
+                for _ in range(iters):
+                    fn()
+            pair[1].synchronize()
+            return cudatime.elapsed_s([pair], dev) / iters
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from checks.hw.measure import cudatime
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
           "fp32": torch.float32}
 
@@ -42,14 +44,11 @@ def _best_seconds(fn: Callable[[], Any], device: torch.device, *, warmup: int, r
     best = float("inf")
     for _ in range(repeats):
         if device.type == "cuda":
-            start, end = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
+            with cudatime.span(device) as pair:  # on `device`'s stream, whichever is current
+                for _ in range(calls):
+                    fn()
+            pair[1].synchronize()
+            seconds = cudatime.elapsed_s([pair], device)
         else:
             t0 = time.perf_counter()
             for _ in range(calls):
