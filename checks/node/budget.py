@@ -52,6 +52,14 @@ class Entry:
     smaller_profile: Mapping[str, Any] = field(default_factory=dict)
     min_duration_s: float | None = None  # scalable (burn-in): the least worth running
     shared: str | None = None  # a launch shared with other checks, paid by the first chosen
+    min_gpus: int = 0  # below this many GPUs (but not on a CPU host) the check SKIPs at once
+
+    def on(self, gpus: int) -> float:
+        """Seconds on a host with `gpus` GPUs: a check that needs more GPUs than the host has
+        SKIPs at once (a single GPU has no peer for P2P or a collective)."""
+        if 0 < gpus < self.min_gpus:
+            return SKIP_COST_S
+        return self.cost.on(gpus)
 
 
 @dataclass
@@ -106,6 +114,7 @@ def _cost(raw: Any, where: str) -> Cost:
 
 
 SHARED = "shared:"  # table keys of shared launches: "shared:acceptance"
+SKIP_COST_S = 1.0  # a check that SKIPs at once, as the quick checks are counted
 
 
 def parse(data: Any) -> dict[str, Entry]:
@@ -129,7 +138,8 @@ def parse(data: Any) -> dict[str, Entry]:
             _cost(smaller["cost_s"], f"{where}.smaller") if smaller else None,
             dict(smaller.get("profile") or {}),
             float(scalable["min_s"]) if scalable else None,
-            str(raw["shared"]) if raw.get("shared") else None)
+            str(raw["shared"]) if raw.get("shared") else None,
+            int(raw.get("min_gpus", 0)))
         if raw.get("shared") and SHARED + str(raw["shared"]) not in table:
             raise BudgetError(f"{where}: unknown shared launch {raw['shared']!r}")
     return table
@@ -166,13 +176,13 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
     if missing:
         raise BudgetError(f"budget table has no entry for {', '.join(missing)} (checks/node/budget.yaml)")
     must = [i for i in ids if i in set(required)]
-    need = sum(entries[i].cost.on(gpus) for i in must)
+    need = sum(entries[i].on(gpus) for i in must)
     if need > budget_s:
         raise BudgetError(f"--budget {budget_s:g} s is too small: the {len(must)} quick-level "
                           f"checks (the node's health) need ~{need:.0f} s here; give at least "
                           f"--budget {math.ceil(need)}s")
     order = sorted(ids, key=lambda i: (i not in must, -entries[i].value,
-                                       entries[i].cost.on(gpus), ids.index(i)))
+                                       entries[i].on(gpus), ids.index(i)))
     left = budget_s
     chosen: dict[str, Choice] = {}
     left_out: list[dict[str, Any]] = []
@@ -180,10 +190,10 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
     paid: set[str] = set()
     for check_id in order:
         e = entries[check_id]
-        full = e.cost.on(gpus) + (e.min_duration_s or 0.0)  # start-up + the least timed load
+        full = e.on(gpus) + (e.min_duration_s or 0.0)  # start-up + the least timed load
         if e.shared and e.shared not in paid:
             full += entries[SHARED + e.shared].cost.on(gpus)
-        smaller = e.smaller_cost.on(gpus) if e.smaller_cost else None
+        smaller = e.smaller_cost.on(gpus) if e.smaller_cost and full > SKIP_COST_S else None
         if full <= left:
             chosen[check_id] = Choice(check_id, "full", full, e.value)
             left -= full

@@ -85,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=parse_duration, metavar="TIME",
                    help="time budget, e.g. 5m: run the checks and sizes that fit, most valuable "
                         "first; the plan (and what it left out) goes into the report "
-                        "(checks/node/budget.yaml has each check's value and cost)")
+                        "(checks/node/budget.yaml has each check's value and cost). It is also "
+                        "the run's deadline, as --deadline")
+    p.add_argument("--deadline", type=parse_duration, metavar="TIME",
+                   help="end the run this long after it started, whatever the estimates said: "
+                        "a check still running then is stopped (ERROR) and the checks not "
+                        "started are SKIP 'not run'; the report is written either way")
     p.add_argument("--only", action="append", metavar="ID|TAG",
                    help="run only these checks (ids or tags, comma-separated, repeatable); "
                         "ignores --level")
@@ -310,15 +315,26 @@ def _options(args: argparse.Namespace, provisioned: expectations.Expectations) -
                           if v is not None})
 
 
-def _run_checks(selected: list[Any], ctx: Context, args: argparse.Namespace, err: Console) -> list[Any]:
+def _deadline(args: argparse.Namespace, started: float) -> watchdog.Deadline | None:
+    """--deadline, else --budget, counted from the command's start (the report is written after)."""
+    for flag in ("deadline", "budget"):
+        seconds = getattr(args, flag)
+        if seconds is not None:
+            return watchdog.Deadline(started + seconds, f"--{flag} {seconds:g} s")
+    return None
+
+
+def _run_checks(selected: list[Any], ctx: Context, args: argparse.Namespace, err: Console,
+                deadline: watchdog.Deadline | None = None) -> list[Any]:
     if args.quiet:
-        return watchdog.run(selected, ctx)
+        return watchdog.run(selected, ctx, deadline=deadline)
     if err.is_terminal:
         with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
-            return watchdog.run(selected, ctx, _progress_listener(progress, len(selected)))
-    return watchdog.run(selected, ctx, _line_listener(err, len(selected)))
+            return watchdog.run(selected, ctx, _progress_listener(progress, len(selected)),
+                                deadline)
+    return watchdog.run(selected, ctx, _line_listener(err, len(selected)), deadline)
 
 
 def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, console: Console, err: Console) -> None:
@@ -361,7 +377,9 @@ def _select(args: argparse.Namespace) -> list[Any]:
     return selected
 
 
-def run(args: argparse.Namespace, console: Console, err: Console) -> int:
+def run(args: argparse.Namespace, console: Console, err: Console,
+        started: float | None = None) -> int:
+    started = time.monotonic() if started is None else started
     args.level = args.level or ("burn-in" if args.budget else "standard")
     selected = _select(args)
     selected, plan, hw = _plan(args, selected)
@@ -379,7 +397,7 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
     ctx.selected = {chk.id for chk in selected}
     started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     t0 = time.monotonic()
-    outcomes = _run_checks(selected, ctx, args, err)
+    outcomes = _run_checks(selected, ctx, args, err, _deadline(args, started))
     meta = {
         "host": socket.gethostname(), "run_id": args.run_id, "started_at": started_at,
         "duration_s": time.monotonic() - t0, "level": args.level, "backend": hw.name,
@@ -393,12 +411,15 @@ def run(args: argparse.Namespace, console: Console, err: Console) -> int:
         meta["options"]["expectations_file"] = provisioned.source
     if plan is not None:
         meta["options"]["budget"] = plan.to_dict()
+    if args.deadline is not None:
+        meta["options"]["deadline_s"] = args.deadline
     doc = report.build(outcomes, meta=meta)
     _write_outputs(doc, args, console, err)
     return int(doc["exit_code"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["record"]:  # `python -m checks record FILE`: checks/node/record.py
         from checks.node import record
@@ -410,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(emoji=False, highlight=False)
     err = Console(stderr=True, emoji=False, highlight=False)
     try:
-        return run(args, console, err)
+        return run(args, console, err, started)
     except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE

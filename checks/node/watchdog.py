@@ -32,9 +32,10 @@ import struct
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from checks.model import CheckOutcome, error
+from checks.model import CheckOutcome, error, skip
 from checks.node import runner
 from checks.node.context import Context
 from checks.node.registry import Check
@@ -189,22 +190,57 @@ def _kill_worker(pid: int, grace_s: float = 5.0, *, term_s: float = 0.0) -> str:
         time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """The whole run's end (`time.monotonic()` seconds) and how to name it in a result
+    ("--budget 5m", "--deadline 240 s"): a check still running then is stopped like one past
+    its own timeout, and the checks not started are reported as not run for it."""
+    at: float
+    name: str
+
+    def stopped(self) -> str:
+        return (f"stopped at the run's deadline ({self.name}): its worker process and every "
+                f"process it started were ended")
+
+    def not_run(self, chk: Check) -> CheckOutcome:
+        return runner.outcome(chk, [skip(f"not run: the run's deadline ({self.name}) was "
+                                         f"reached before it could start")], 0.0)
+
+
 def run(checks: Iterable[Check], ctx: Context, listener: runner.Listener | None = None,
-        ) -> list[CheckOutcome]:
-    """runner.run, with the checks in a worker process killed at a check's timeout."""
+        deadline: Deadline | None = None) -> list[CheckOutcome]:
+    """runner.run, with the checks in a worker process killed at a check's timeout, and at the
+    run's `deadline` when one is given (see Deadline)."""
     selected = list(checks)
     outcomes: dict[str, CheckOutcome] = {}
     todo = selected
     while todo:
-        for done in _one_worker(todo, ctx, listener):
+        if deadline is not None and time.monotonic() >= deadline.at:
+            for chk in todo:
+                outcomes[chk.id] = ctx.outcomes[chk.id] = deadline.not_run(chk)
+                if listener:
+                    listener(chk, outcomes[chk.id])
+            break
+        for done in _one_worker(todo, ctx, listener, deadline):
             outcomes[done.id] = done
         todo = [c for c in todo if c.id not in outcomes]
     return [outcomes[c.id] for c in selected]
 
 
-def _one_worker(todo: list[Check], ctx: Context, listener: runner.Listener | None
-                ) -> list[CheckOutcome]:
-    """Run `todo` in one worker until it finishes, hangs or dies; at least one outcome back."""
+def _next_deadline(current: Check | None, started: float, run_deadline: Deadline | None
+                   ) -> tuple[float | None, bool]:
+    """When to give up waiting: the running check's timeout or the run's deadline, whichever
+    comes first (True when it is the run's)."""
+    own = started + current.timeout_s if current else None
+    if run_deadline is not None and (own is None or run_deadline.at < own):
+        return run_deadline.at, True
+    return own, False
+
+
+def _one_worker(todo: list[Check], ctx: Context, listener: runner.Listener | None,
+                run_deadline: Deadline | None = None) -> list[CheckOutcome]:
+    """Run `todo` in one worker until it finishes, hangs, dies or the run's deadline passes; at
+    least one outcome back, or none when the deadline passed between two checks."""
     by_id = {c.id: c for c in todo}
     pid, fd = _fork_worker(todo, ctx)
     reader = _Reader(fd)
@@ -221,8 +257,16 @@ def _one_worker(todo: list[Check], ctx: Context, listener: runner.Listener | Non
 
     try:
         while len(got) < len(todo):
-            deadline = started + current.timeout_s if current else None
+            deadline, by_run = _next_deadline(current, started, run_deadline)
             message = reader.next(deadline)
+            if message is _LATE and run_deadline is not None and by_run:
+                how, reaped = _kill_worker(pid, term_s=UNWIND_S), True
+                if current is not None:
+                    record(runner.outcome(current, [error(
+                        f"{run_deadline.stopped()} ({how})",
+                        remedy="give the run more time (--budget/--deadline) to measure it")],
+                        time.monotonic() - started))
+                break
             if message is _LATE and current is not None:
                 how, reaped = _kill_worker(pid, term_s=UNWIND_S), True
                 record(runner.outcome(current, [runner.timed_out(

@@ -7,6 +7,10 @@ checks that never finish, each with a 1 s timeout (tests/framework/test_watchdog
 - tree-then-hang: starts a helper process that starts a child of its own, then sleeps.
 
 The helper tree's pids go to $HANG_CHECKS_PIDS (one per line) so the test can look for them.
+
+- sleep-past-budget: a check whose own timeout (600 s) and budget estimate (1 s) both let it run,
+  which then sleeps: only the run's deadline (--budget/--deadline) can stop it;
+  after-the-sleeper: registered after it, so it is due once the deadline has passed.
 """
 
 from __future__ import annotations
@@ -55,8 +59,24 @@ def tree_then_hang(_: Context) -> Result:
     return passed("never")
 
 
+@check("sleep-past-budget", code="TST904", title="sleeps past the run's budget", timeout_s=600)
+def sleep_past_budget(_: Context) -> Result:
+    time.sleep(600)
+    return passed("never")
+
+
+@check("after-the-sleeper", code="TST905", title="runs after sleep-past-budget", timeout_s=5)
+def after_the_sleeper(_: Context) -> Result:
+    return passed("ran")
+
+
 if __name__ == "__main__":
     procs.exit_on_signals()
+    from checks.node import budget
+
+    # Estimated like a quick check: the plan takes it, and only the deadline stops it.
+    for check_id in ("sleep-past-budget", "after-the-sleeper"):
+        budget.table()[check_id] = budget.Entry(5, budget.Cost(1, 1), "test")
     from checks.node.node_cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -188,3 +188,21 @@ def test_the_health_checks_are_planned_before_anything_more_valuable() -> None:
     with pytest.raises(budget.BudgetError, match="need ~10 s here; give at least --budget 10s"):
         budget.make(["health", "workload"], 9, gpus=0, duration_s=600, entries=entries,
                     required=["health"])
+
+
+def test_checks_that_skip_on_one_gpu_are_not_charged_a_launch_there() -> None:
+    """On one GPU, the collectives and P2P SKIP at once ("a single GPU has nobody to talk to",
+    "has no peer"): charged their 60 + 2 s and 15 + 4 s launches, they crowded the acceptance
+    jobs and the HBM check out of a one-GPU node's plan."""
+    table = budget.table()
+    for check_id in ("nccl-allreduce", "nccl-transport", "p2p-bandwidth"):
+        assert table[check_id].min_gpus == 2, check_id
+        assert table[check_id].on(1) == budget.SKIP_COST_S
+        assert table[check_id].on(8) == table[check_id].cost.on(8)
+        assert table[check_id].on(0) == table[check_id].cost.cpu  # the CPU stand-in runs them
+    standard = [c.id for c in registry.select("standard")]
+    one = budget.make(standard, 250, gpus=1, duration_s=600)
+    charged = {c.id: c.cost_s for c in one.chosen}
+    assert charged.get("nccl-allreduce") == budget.SKIP_COST_S
+    # The ~80 s the two skips were charged before now buy real measurements of the one GPU.
+    assert {"gpu-matmul", "reference-digest"} <= one.ids, one.left_out

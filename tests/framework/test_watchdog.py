@@ -57,6 +57,31 @@ def test_stuck_checks_end_as_timed_out_and_the_others_are_reported(tmp_path: Pat
     assert [p for p in helper_pids if procs.alive(p)] == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flag", ["--budget", "--deadline"])
+def test_the_budget_is_a_deadline_a_check_that_overruns_is_stopped(tmp_path: Path, flag: str) -> None:
+    """The plan took every check (their estimates fit); one then runs past the budget. It is
+    stopped at the deadline and reported so, the check after it is reported as not run, and the
+    report is written, in about the budget's time (not the check's own 600 s timeout)."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "hang_checks.py"), "--simulate", "cpu-only-healthy",
+         "--only", "os-supported,sleep-past-budget,after-the-sleeper", flag, "6s",
+         "--json", str(report), "--quiet"],
+        env=env_with_root(), capture_output=True, text=True, timeout=110, check=False)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(report.read_text())
+    by_id = {c["id"]: c for c in doc["checks"]}
+    assert by_id["os-supported"]["status"] == "PASS"
+    (stopped,) = by_id["sleep-past-budget"]["results"]
+    assert by_id["sleep-past-budget"]["status"] == "ERROR"
+    assert stopped["message"].startswith(f"stopped at the run's deadline ({flag} 6 s)"), stopped
+    (later,) = by_id["after-the-sleeper"]["results"]
+    assert by_id["after-the-sleeper"]["status"] == "SKIP"
+    assert later["message"] == f"not run: the run's deadline ({flag} 6 s) was reached before it could start"
+    assert 5 <= doc["duration_s"] < 20
+
+
 @pytest.fixture
 def ctx() -> Context:
     return Context(FixtureBackend(load_scenario("cpu-only-healthy")), load("generic"), Options())
