@@ -25,8 +25,8 @@ from checks.supervise.launch import LaunchOutcome, Prepared, launch, prepare
 from trainer.config import TrainConfig
 from trainer.gpumode import exclusive_process
 from trainer.jobs import ORDER, modules
-from trainer.placement import choose_nproc
-from trainer.report import FAIL, JobReport
+from trainer.placement import RankPlan, plan_ranks
+from trainer.report import FAIL, SKIP, JobReport
 from trainer.worker import job_file
 
 TRACE_BUFFER = 2000  # collectives each rank's flight recorder keeps
@@ -69,6 +69,12 @@ def cuda_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def skip_reports(plan: RankPlan, cuda_devices: int) -> dict[str, JobReport]:
+    """The SKIP verdicts plan_ranks decided without a launch (a one-GPU host)."""
+    return {j: JobReport(j, SKIP, why, details={"cuda_devices": cuda_devices})
+            for j, why in plan.skips.items()}
 
 
 def flight_recorder_env(workdir: Path) -> dict[str, str]:
@@ -180,18 +186,27 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
              prepared: PreparedSuite | None = None) -> SuiteOutcome:
     """Run `jobs` (names from trainer.jobs.ORDER) on `nproc` ranks per node; one report per job.
 
-    `nproc` defaults to trainer.placement.choose_nproc (one rank per GPU, ranks sharing the GPU
-    of a one-GPU host, 4 on the CPU); more ranks than GPUs needs `share_gpu` (ValueError
-    otherwise). Multi-node: give nnodes, rdzv_endpoint (HOST:PORT on the first node) and the
+    `nproc` defaults to trainer.placement.plan_ranks (one rank per GPU, 4 on the CPU; one rank on
+    a host with one visible GPU, where the jobs that need 2 GPUs come back SKIP without a launch);
+    more ranks than GPUs needs `share_gpu` (ValueError otherwise). Multi-node: give nnodes,
+    rdzv_endpoint (HOST:PORT on the first node) and the
     same rdzv_id on every node; each node's call supervises its local ranks (no relaunch
     across nodes). `prepared` (prepare_jobs with the same arguments) is the first launch's
     launcher, started earlier.
     """
     cfg.validate()
     count = cuda_count()
-    nproc, _ = choose_nproc(nproc, cfg.device, count, share_gpu,
-                            exclusive=cfg.device != "cpu" and count > 0 and exclusive_process())
-    order = [j for j in ORDER if j in jobs]
+    plan = plan_ranks(list(jobs), nproc, cfg.device, count, share=share_gpu,
+                      exclusive=cfg.device != "cpu" and count > 0 and exclusive_process(),
+                      nnodes=nnodes)
+    nproc = plan.nproc
+    skipped = skip_reports(plan, count)
+    order = [j for j in ORDER if j in jobs and j not in skipped]
+    if not order:  # nothing to launch: every job was decided here
+        if prepared is not None:
+            prepared.close()
+        return SuiteOutcome(reports={j: skipped[j] for j in ORDER if j in skipped}, nproc=nproc,
+                            duration_s=0.0)
     if prepared is not None and (prepared.jobs != order or prepared.nproc != nproc
                                  or (workdir is not None and Path(workdir) != prepared.base)):
         prepared.close()
@@ -216,7 +231,8 @@ def run_jobs(jobs: list[str], cfg: TrainConfig, *, nproc: int | None = None,
         raise
     if own:
         _remove_workdir(base, reports)
-    return SuiteOutcome(reports={j: reports[j] for j in order}, nproc=nproc,
+    reports.update(skipped)
+    return SuiteOutcome(reports={j: reports[j] for j in ORDER if j in reports}, nproc=nproc,
                         duration_s=time.monotonic() - start, launches=launches)
 
 

@@ -5,9 +5,12 @@ with made-up device counts, and the supervisor, the rank program and the accepta
 decide the same way.
 
 - One GPU per rank when there are enough GPUs: NCCL.
-- More ranks than GPUs (only when asked for with `share`, or by default on a one-GPU host): the
-  ranks share the GPUs and talk over gloo, which moves CUDA tensors for broadcast, all-reduce and
-  all-gather but not for send/recv (torch's backend table), so the pipelined jobs cannot run there.
+- One visible GPU: one rank, the jobs that need more GPUs SKIP (plan_ranks: the trainer's
+  supervisor; choose_nproc alone still shares the GPU between 2 ranks by default).
+- More ranks than GPUs (only when asked for with `share`, or by choose_nproc's default on a
+  one-GPU host): the ranks share the GPUs and talk over gloo, which moves CUDA tensors for
+  broadcast, all-reduce and all-gather but not for send/recv (torch's backend table), so the
+  pipelined jobs cannot run there.
 - The CPU (`--device cpu`, or no GPU): gloo, CPU_RANKS ranks unless told otherwise.
 """
 
@@ -86,6 +89,43 @@ def choose_nproc(requested: int | None, preference: str, cuda_count: int,
                          "and ranks cannot share a GPU in compute mode EXCLUSIVE_PROCESS (one "
                          f"process per GPU): use --nproc {cuda_count} or fewer, or --device cpu")
     return requested, requested > cuda_count
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What a supervised launch runs: `nproc` ranks per node (sharing GPUs when `shared`), and the
+    jobs decided without launching, with their SKIP reasons."""
+    nproc: int
+    shared: bool
+    skips: dict[str, str]
+
+
+def one_gpu_reason(job: str) -> str:
+    from trainer.jobs import min_gpus
+
+    return f"needs {min_gpus(job)} GPUs, this host has 1"
+
+
+def plan_ranks(jobs: list[str], requested: int | None, preference: str, cuda_count: int, *,
+               share: bool = False, exclusive: bool = False, nnodes: int = 1) -> RankPlan:
+    """The supervisor's decision (`python -m trainer`, trainer.launcher.run_jobs without nproc).
+
+    A CUDA host with one visible GPU (a one-GPU machine, a MIG slice, CUDA_VISIBLE_DEVICES
+    naming one GPU) runs one rank on it; every job that needs more GPUs (trainer.jobs.min_gpus)
+    is SKIP "needs 2 GPUs, this host has 1" without a launch. Two ranks sharing the GPU over gloo
+    would pass DDP, FSDP or a checkpoint and prove nothing about the node; `--nproc 2
+    --share-gpu` still asks for that on purpose. In a multi-node launch a one-GPU node is one
+    rank of the world and nothing is skipped. Otherwise choose_nproc (ValueError for a count the
+    node cannot give); the CPU keeps its CPU_RANKS ranks over gloo."""
+    on_cpu = preference == "cpu" or (preference == "auto" and cuda_count == 0)
+    if not on_cpu and cuda_count == 1 and requested in (None, 1):
+        if nnodes > 1:
+            return RankPlan(1, False, {})
+        from trainer.jobs import min_gpus
+
+        return RankPlan(1, False, {j: one_gpu_reason(j) for j in jobs if min_gpus(j) > 1})
+    nproc, shared = choose_nproc(requested, preference, cuda_count, share, exclusive)
+    return RankPlan(nproc, shared, {})
 
 
 def hides_every_gpu(cuda_visible_devices: str | None, bus_gpus: int | None = None) -> bool:

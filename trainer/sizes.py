@@ -20,6 +20,7 @@ every profile's shape).
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,18 @@ class GptShape:
         return (BYTES_PER_PARAM * self.params()
                 + ACT_BYTES_PER_TOKEN_WIDTH * tokens * self.width * self.layers
                 + LOGIT_BYTES * tokens * self.vocab)
+
+
+def rank_shares(free_by_rank: list[tuple[Hashable, int]]) -> list[float]:
+    """Each rank's share of its GPU's free memory, from every rank's (which GPU, free bytes):
+    ranks sharing a GPU (`--share-gpu`: several ranks per GPU over gloo) split its free memory
+    between them, so that each sizes its model from its share instead of the whole GPU (each
+    would fill MEMORY_FRACTION of it, together more than the GPU has: out of memory). The
+    ranks of one GPU read it at slightly different moments: the smallest reading counts."""
+    by_gpu: dict[Hashable, list[int]] = {}
+    for gpu, free in free_by_rank:
+        by_gpu.setdefault(gpu, []).append(free)
+    return [min(by_gpu[gpu]) / len(by_gpu[gpu]) for gpu, _ in free_by_rank]
 
 
 def large_gpt(memory_bytes: float) -> GptShape:

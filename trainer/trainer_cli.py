@@ -4,10 +4,14 @@ Outside torchrun the command supervises: it launches the ranks itself (torchrun 
 heartbeats, hard timeout, the failing rank named) and runs all the named jobs in that one launch.
 Under torchrun (RANK/WORLD_SIZE set) it is the rank program: the jobs run in this process.
 
-Exit status: 0 every job PASS, 1 a job FAIL/ERROR, 2 bad usage, 77 every job SKIP (with reason),
-128 + N stopped by signal N (130 SIGINT, 143 SIGTERM) after killing every rank.
-Rank count (trainer.placement): one rank per GPU; 2 ranks sharing the GPU of a one-GPU host (gloo);
-4 ranks on the CPU. `--nproc` above the GPU count is a usage error unless --share-gpu.
+Exit status: 0 no job FAIL/ERROR and at least one PASS, 1 a job FAIL/ERROR, 2 bad usage,
+77 every job SKIP (with reason: nothing was proven, nothing failed), 128 + N stopped by signal N
+(130 SIGINT, 143 SIGTERM) after killing every rank. In --json, a skipped job has "status": "SKIP"
+and its reason in "message".
+Rank count (trainer.placement.plan_ranks): one rank per GPU; 4 ranks on the CPU. A host with one
+visible GPU runs one rank: the jobs that need 2 GPUs (all but single and throughput) SKIP "needs
+2 GPUs, this host has 1" without a launch. `--nproc` above the GPU count is a usage error unless
+--share-gpu (ranks share GPUs over gloo: the code paths run, nothing about the node is proven).
 With `--device auto` on a host whose NVIDIA GPUs torch cannot use, nothing trains on the CPU
 quietly: the command stops (exit 1) saying why; `--device cpu` asks for the CPU explicitly.
 
@@ -41,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m trainer",
         description="Reference training jobs: each parallel mode trained k steps and compared "
                     "with the same k steps on one device.",
-        epilog="Exit status: 0 PASS, 1 FAIL/ERROR, 2 usage, 77 all skipped. Docs: docs/trainer.md")
+        epilog="Exit status: 0 PASS, 1 FAIL/ERROR, 2 usage, 77 every job skipped (one-GPU host: "
+               "the jobs that need 2 GPUs SKIP). Docs: docs/trainer.md")
     p.add_argument("jobs", nargs="+", metavar="JOB", help=f"{', '.join(ORDER)} or all")
     p.add_argument("--steps", type=cliutil.number(int, minimum=1), default=d.steps,
                    help=f"training steps (default {d.steps})")
@@ -170,13 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _under_torchrun():
         return _rank_main(names, cfg, args.pg_timeout)
     from trainer.gpumode import exclusive_process
-    from trainer.launcher import cuda_count
-    from trainer.placement import choose_nproc
+    from trainer.launcher import cuda_count, skip_reports
+    from trainer.placement import plan_ranks
 
     try:
         count = cuda_count()
-        nproc, shared = choose_nproc(args.nproc, cfg.device, count, args.share_gpu,
-                                     exclusive=cfg.device != "cpu" and count > 0 and exclusive_process())
+        plan = plan_ranks(names, args.nproc, cfg.device, count, share=args.share_gpu,
+                          exclusive=cfg.device != "cpu" and count > 0 and exclusive_process(),
+                          nnodes=args.nnodes)
+        nproc, shared = plan.nproc, plan.shared
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -188,18 +195,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unusable:
         print(f"error: {unusable}", file=sys.stderr)
         return EXIT_FAIL
+    skipped = skip_reports(plan, count)
+    launched = [n for n in names if n not in skipped]
     local = {"dp", "single"}
-    if set(names) <= local and args.nnodes == 1:
+    if not launched:
+        reports = []
+    elif set(launched) <= local and args.nnodes == 1:
         from trainer.jobs import dp, single
 
         runners = {"dp": dp.run_local, "single": single.run_local}
-        reports = [runners[n](cfg) for n in names]
+        reports = [runners[n](cfg) for n in launched]
     else:
         from checks.supervise.procs import Terminated
         from trainer.launcher import run_jobs
 
         try:
-            suite = run_jobs(names, cfg, nproc=nproc, timeout_s=args.timeout,
+            suite = run_jobs(launched, cfg, nproc=nproc, timeout_s=args.timeout,
                              stall_s=args.stall, nnodes=args.nnodes, node_rank=args.node_rank,
                              rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                              share_gpu=shared)
@@ -211,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         how = " sharing the GPU over gloo" if shared else ""
         print(f"{len(reports)} job(s) on {suite.nproc} rank(s) per node{how} in "
               f"{suite.duration_s:.1f} s")
+    by_job = {**{r.job: r for r in reports}, **skipped}
+    reports = [by_job[n] for n in names]
     for r in reports:
         print(format_report(r))
     try:

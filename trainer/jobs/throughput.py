@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import math
 import resource
+import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -200,15 +201,17 @@ def scaling_sizes(world: int) -> list[int]:
 
 def size_for(env: DistEnv, cfg: TrainConfig) -> GptSize:
     """small: CPU_SIZE on the CPU, GPT-2 small's shape on a GPU; large (GPU only): the block
-    stack trainer.sizes fits into the smallest free GPU memory of the ranks (free, not total: a
-    GPU other processes hold memory on gets a smaller model and a verdict, not an OOM crash)."""
+    stack trainer.sizes fits into the smallest per-rank free GPU memory (free, not total: a GPU
+    other processes hold memory on gets a smaller model and a verdict, not an OOM crash; per
+    rank: ranks sharing a GPU split its free memory, sizes.rank_shares)."""
     if cfg.size != "large" or not env.is_cuda:
         return GPU_SIZE if env.is_cuda else CPU_SIZE
     from trainer import sizes
 
     free, _total = torch.cuda.mem_get_info(env.device)
-    memory = env.gather(int(free))
-    shape = env.broadcast(sizes.large_gpt(min(memory)) if memory else None)
+    # which GPU: this host's device index (the ranks of a host see the same CUDA_VISIBLE_DEVICES)
+    memory = env.gather(((socket.gethostname(), env.device.index), int(free)))
+    shape = env.broadcast(sizes.large_gpt(min(sizes.rank_shares(memory))) if memory else None)
     return GptSize(vocab=shape.vocab, context=shape.context, width=shape.width,
                    layers=shape.layers, heads=shape.heads, batch=shape.batch,
                    warmup=LARGE_WARMUP, steps=LARGE_STEPS)
