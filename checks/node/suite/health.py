@@ -131,24 +131,40 @@ def retired_pages(ctx: Context) -> Iterator[Result]:
 
 @check("row-remap", code="GPU004", title="row remapping: nothing pending or failed", needs=DRIVER)
 def row_remap(ctx: Context) -> Iterator[Result]:
-    """Ampere+ remap HBM rows after uncorrectable errors; a pending remap needs a GPU reset, a
-    failed remap means the spare rows are exhausted."""
+    """Ampere+ remap HBM rows after memory errors. NVIDIA's GPU memory error management guide: a
+    remap takes effect at the next GPU reset, and while it is pending unaffected workloads go on
+    and new ones can start (error containment keeps the bad row out of use); a remapping failure
+    is an RMA condition. So: a failure fails with RMA; a pending remap with uncorrectable remaps
+    counted fails (reset the GPU); one pending for correctable errors only warns (reset at the next
+    idle window); without anything pending, uncorrectable remaps from row_remap.uncorrectable_warn
+    on warn."""
     warn_at = int(ctx.profile.require("row_remap.uncorrectable_warn"))
 
     def measure(gpu: Gpu) -> Result:
         rows = gpu.handle.query("remapped_rows")
+        corr, unc = int(rows.get("correctable", 0)), int(rows.get("uncorrectable", 0))
+        counted = f"{unc} uncorrectable, {corr} correctable rows remapped"
         if rows.get("failed"):
-            return fail("row remapping failed (no spare rows left)", value=rows,
-                        remedy=REMEDY_RMA)
+            return fail(f"row remapping failed ({counted}): a bank ran out of spare rows, the "
+                        "memory can no longer be repaired", value=rows,
+                        expected="no remapping failure", remedy=REMEDY_RMA)
+        if rows.get("pending") and unc:
+            return fail(f"row remap pending after uncorrectable errors ({counted}); it takes "
+                        "effect at the next GPU reset", value=rows, expected="no remap pending",
+                        remedy="stop the jobs on this GPU and reset it (nvidia-smi -r -i N) or "
+                               "reboot, then re-verify that nothing is pending")
         if rows.get("pending"):
-            return fail("row remap pending: the GPU must be reset before it is used", value=rows,
-                        remedy="drain, reset the GPU (nvidia-smi -r -i N) or reboot, re-verify")
-        if int(rows.get("uncorrectable", 0)) >= warn_at:
-            return warn(f"{rows['uncorrectable']} rows remapped for uncorrectable errors",
-                        value=rows, expected=f"< {warn_at}",
+            return warn(f"row remap pending for correctable errors only ({counted}); it takes "
+                        "effect at the next GPU reset, workloads go on meanwhile", value=rows,
+                        expected="no remap pending",
+                        remedy="reset the GPU at its next idle window (nvidia-smi -r -i N), then "
+                               "re-verify that nothing is pending")
+        if unc >= warn_at:
+            return warn(f"{unc} rows remapped for uncorrectable errors", value=rows,
+                        expected=f"< {warn_at}",
                         remedy="watch the trend; RMA if remaps keep growing")
-        return passed(f"no remap pending ({rows.get('correctable', 0)} correctable, "
-                      f"{rows.get('uncorrectable', 0)} uncorrectable remapped)", value=rows)
+        return passed(f"no remap pending ({corr} correctable, {unc} uncorrectable remapped)",
+                      value=rows)
 
     yield from each_gpu(ctx, measure)
 
