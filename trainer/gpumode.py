@@ -13,24 +13,35 @@ import contextlib
 import os
 from typing import Any
 
-# CUDA_VISIBLE_DEVICES tokens name NVML indices (digits) or UUIDs (GPU-..., MIG-...).
+from checks.hw.visible import launch_indices, parse_visible
 
 
 def _visible(n: Any) -> list[Any]:
-    """Handles of the GPUs CUDA_VISIBLE_DEVICES names (all when it is unset)."""
-    count = int(n.nvmlDeviceGetCount())
+    """Handles of the GPUs CUDA_VISIBLE_DEVICES names (all when it is unset), resolved by the
+    checks' rule (checks/hw/visible.py): NVML indices, GPU- UUIDs (a prefix, as CUDA takes it),
+    a MIG- UUID as the GPU that holds the instance."""
+    handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(int(n.nvmlDeviceGetCount()))]
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
-        return [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    handles = []
-    for token in filter(None, (t.strip() for t in cvd.split(","))):
-        if token.isdigit() and int(token) < count:
-            handles.append(n.nvmlDeviceGetHandleByIndex(int(token)))
-        elif token.startswith("GPU-"):
-            handles.append(n.nvmlDeviceGetHandleByUUID(token))
-        else:
-            break  # CUDA stops at the first entry it cannot use (a MIG slice is its own device)
-    return handles
+        return handles
+    uuids = [_text(n.nvmlDeviceGetUUID(h)) for h in handles]
+    visible = parse_visible(cvd, uuids, lambda mig: _mig_parent(n, mig))
+    return [handles[i] for i in launch_indices(visible, range(len(handles)))
+            if 0 <= i < len(handles)]
+
+
+def _mig_parent(n: Any, mig_uuid: str) -> int | None:
+    """The NVML index of the GPU holding a MIG instance: its MIG handle by UUID, the parent
+    handle, the parent's index (NVML API reference, MIG management); None when NVML refuses."""
+    try:
+        mig = n.nvmlDeviceGetHandleByUUID(mig_uuid.encode())
+        return int(n.nvmlDeviceGetIndex(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)))
+    except Exception:  # an old driver or binding, a stale UUID: the parent is unknown
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def exclusive_process() -> bool:

@@ -232,6 +232,11 @@ class Nvml(abc.ABC):
     @abc.abstractmethod
     def gpu(self, index: int) -> GpuHandle: ...
 
+    def mig_parent(self, mig_uuid: str) -> int | None:
+        """NVML index of the GPU holding the MIG instance `mig_uuid` (a CUDA_VISIBLE_DEVICES
+        entry), None when unknown."""
+        return None
+
 
 # slurmstepd places a job's processes in a cgroup named job_<id>: under cgroup v2 (cgroup/v2
 # plugin) /system.slice/slurmstepd.scope/job_<id>/step_<step>/..., under v1 (cgroup/v1)

@@ -147,6 +147,11 @@ class FixtureNvml(Nvml):
             raise GpuLost(f"GPU {index}: GPU is lost (scenario)")
         return FixtureGpu(index, self._gpus[index])
 
+    def mig_parent(self, mig_uuid: str) -> int | None:
+        """The GPU whose scenario `mig_instances` lists the UUID."""
+        return next((i for i, g in enumerate(self._gpus)
+                     if mig_uuid in map(str, g.get("mig_instances") or ())), None)
+
 
 class FixtureBackend(Backend):
     name = "fixture"

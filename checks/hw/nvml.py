@@ -173,6 +173,21 @@ class RealNvml(Nvml):
         return RealGpu(self, index, handle)
 
 
+    def mig_parent(self, mig_uuid: str) -> int | None:
+        """nvmlDeviceGetHandleByUUID answers a MIG device handle for a MIG UUID;
+        nvmlDeviceGetDeviceHandleFromMigDeviceHandle gives its GPU, nvmlDeviceGetIndex that
+        GPU's index (NVML API reference, MIG management). None where any step is refused."""
+        n = self._n
+        try:
+            mig = self._call(n.nvmlDeviceGetHandleByUUID, mig_uuid.encode(),
+                             what=f"nvmlDeviceGetHandleByUUID({mig_uuid})")
+            parent = self._call(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, mig,
+                                what="nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+            return int(self._call(n.nvmlDeviceGetIndex, parent, what="nvmlDeviceGetIndex"))
+        except (HardwareError, AttributeError, TypeError, ValueError):
+            return None
+
+
 def _translate(n: Any, exc: Any, label: str) -> HardwareError:
     code = exc.value
     err: HardwareError

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.hw.base import Backend, GpuHandle, GpuLost, HardwareError, PciDevice
+from checks.hw.visible import parse_visible
 from checks.model import CheckOutcome, Device
 from checks.profiles import Profile
 
@@ -140,22 +141,8 @@ class Context:
             gpus = self.gpus
         except HardwareError:
             gpus = []
-        uuids = [g.device.uuid or "" for g in gpus]
-        picked: list[int] = []
-        mig: list[str] = []
-        for token in (t.strip() for t in raw.split(",")):
-            if token.startswith("MIG-"):
-                mig.append(token)
-            elif token.startswith("GPU-"):
-                match = [i for i, u in enumerate(uuids) if u.startswith(token)]
-                if not match:
-                    break
-                picked.append(match[0])
-            elif token.isdigit() and int(token) < len(gpus):
-                picked.append(int(token))
-            else:
-                break  # CUDA ignores everything from the first invalid entry on
-        return CudaVisible(raw, tuple(picked), tuple(mig))
+        visible = parse_visible(raw, [g.device.uuid for g in gpus])
+        return CudaVisible(raw, visible.indices, visible.mig)
 
     def usable_gpu_count(self) -> int:
         """GPUs this process may train on: given to it (NVML in a container lists only those)

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checks.hw.base import HardwareError
+from checks.hw.visible import launch_gpus as launch_gpus  # re-exported: a launch's GPUs
+from checks.hw.visible import launch_indices, parse_visible
 
 if TYPE_CHECKING:
     from checks.node.context import Context, Gpu
 
 BLOCKED = ("blocked: NVIDIA GPUs are on the PCI bus but torch cannot use them (see driver-loaded, "
            "cuda-compat and gpu-count)")
+
+
+def visible_gpus(ctx: Context) -> list[Gpu]:
+    """The NVML GPUs this host's launches use (launch_gpus over the context's reads): what
+    compute-mode planning, the occupancy gate and rank-to-GPU mapping must look at, not every
+    GPU NVML lists. [] when NVML cannot list GPUs."""
+    try:
+        gpus = ctx.gpus
+    except HardwareError:
+        return []
+    raw = ctx.hw.environ().get("CUDA_VISIBLE_DEVICES")
+    answering = [int(g.device.index) for g in gpus if not g.lost and g.device.index is not None]
+    try:
+        parent: Callable[[str], int | None] | None = ctx.hw.nvml().mig_parent
+    except HardwareError:
+        parent = None
+    visible = parse_visible(raw, [g.device.uuid for g in gpus], parent)
+    by_index = {g.device.index: g for g in gpus}
+    return [by_index[i] for i in launch_indices(visible, answering) if i in by_index]
 
 
 @dataclass(frozen=True)
@@ -132,10 +154,7 @@ def _names(gpus: list[Gpu]) -> str:
 
 def prohibited(ctx: Context) -> dict[str, str]:
     """PCI address -> SKIP reason for every GPU whose compute mode is PROHIBITED."""
-    try:
-        gpus = ctx.gpus
-    except HardwareError:
-        return {}
+    gpus = visible_gpus(ctx)
     return {str(g.device.pci).lower(): prohibited_reason([g]) for g in gpus
             if g.device.pci and compute_mode(g) == PROHIBITED}
 
@@ -149,11 +168,9 @@ def compute_mode_gate(ctx: Context, *, processes_per_gpu: int) -> str | None:
     """Why a check that uses every GPU together (P2P, collectives) cannot run under the GPUs'
     compute modes, or None. The checks' own processes never share a GPU unless
     processes_per_gpu > 1: the supervising process creates no CUDA context (measurements run
-    in a child, collectives under torchrun)."""
-    try:
-        gpus = ctx.gpus
-    except HardwareError:
-        return None
+    in a child, collectives under torchrun). Only the GPUs CUDA_VISIBLE_DEVICES gives the
+    launch count (visible_gpus): a PROHIBITED GPU it hides blocks nothing."""
+    gpus = visible_gpus(ctx)
     banned = [g for g in gpus if compute_mode(g) == PROHIBITED]
     if banned:
         return prohibited_reason(banned)
@@ -167,10 +184,7 @@ def compute_mode_gate(ctx: Context, *, processes_per_gpu: int) -> str | None:
 
 
 def exclusive_gpus(ctx: Context) -> str | None:
-    """The GPUs in compute mode EXCLUSIVE_PROCESS, named, or None when there are none."""
-    try:
-        gpus = ctx.gpus
-    except HardwareError:
-        return None
-    exclusive = [g for g in gpus if compute_mode(g) == EXCLUSIVE]
+    """The GPUs the launches use (visible_gpus) in compute mode EXCLUSIVE_PROCESS, named, or
+    None when there are none."""
+    exclusive = [g for g in visible_gpus(ctx) if compute_mode(g) == EXCLUSIVE]
     return _names(exclusive) if exclusive else None

@@ -32,6 +32,7 @@ import pynvml as n
 
 HANG = "hang"  # an `errors` value: the call blocks until the test ends (a hung GPU)
 HANDLE_BASE = 0x4E560000  # handles are HANDLE_BASE + index: never a valid pointer, never NULL
+MIG_HANDLE_BASE = 0x4D490000  # a MIG instance's handle: MIG_HANDLE_BASE + its GPU's index
 
 _ZERO_ECC = {(t, c): 0 for t in (n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
@@ -98,6 +99,8 @@ class FakeGpu:
     # answers NOT_SUPPORTED for every pair
     nvlink_p2p: tuple[int, ...] | None = None
     mig: tuple[int, int] = (0, 0)
+    # UUIDs of this GPU's MIG instances: nvmlDeviceGetHandleByUUID answers a MIG handle for one
+    mig_instances: tuple[str, ...] = ()
     sm_clock: int = 1980
     sm_clock_max: int = 1980
     utilization: int = 0
@@ -284,6 +287,33 @@ class FakeNvmlLibrary:
         if code is not None:
             return self._fail(code)
         _put(out, c_void_p, HANDLE_BASE + index)
+        return n.NVML_SUCCESS
+
+    # --- MIG instances by UUID (a MIG handle is MIG_HANDLE_BASE + the parent's index) ---------
+
+    @_c("nvmlDeviceGetHandleByUUID", c_void_p, P)
+    def _handle_by_uuid(self, uuid: int, out: int) -> int:
+        text = ctypes.string_at(uuid).decode()
+        for index, gpu in enumerate(self.gpus):
+            if text == gpu.uuid:
+                _put(out, c_void_p, HANDLE_BASE + index)
+                return n.NVML_SUCCESS
+            if text in gpu.mig_instances:
+                _put(out, c_void_p, MIG_HANDLE_BASE + index)
+                return n.NVML_SUCCESS
+        return n.NVML_ERROR_NOT_FOUND
+
+    @_c("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", c_void_p, P)
+    def _mig_parent(self, mig: int | None, out: int) -> int:
+        index = (mig or 0) - MIG_HANDLE_BASE
+        if not 0 <= index < len(self.gpus):
+            return n.NVML_ERROR_INVALID_ARGUMENT
+        _put(out, c_void_p, HANDLE_BASE + index)
+        return n.NVML_SUCCESS
+
+    @_c("nvmlDeviceGetIndex", P, device=True)
+    def _index(self, gpu: FakeGpu, out: int) -> int:
+        _put(out, c_uint, self.gpus.index(gpu))
         return n.NVML_SUCCESS
 
     # --- identity ----------------------------------------------------------------------------

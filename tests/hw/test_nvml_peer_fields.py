@@ -75,3 +75,19 @@ def test_mig_parent_without_privileges_skips_instead_of_error(fake_nvml: Any, mo
     results = list(occupancy.gpu_occupied(ctx))
     assert [str(r.status) for r in results] == ["SKIP", "PASS"]
     assert "privileges" in results[0].message
+
+
+def test_a_mig_uuid_names_its_gpu(fake_nvml: Any) -> None:
+    """CUDA_VISIBLE_DEVICES=MIG-...: the launch's GPU is the one holding the instance
+    (nvmlDeviceGetHandleByUUID -> nvmlDeviceGetDeviceHandleFromMigDeviceHandle -> index)."""
+    from checks.hw.visible import launch_gpus
+
+    mig = "MIG-feee0c61-26ec-5616-bb59-b6d777cc4f34"
+    fake_nvml(FakeNvmlLibrary([FakeGpu(), FakeGpu(bus_id="00000000:19:00.0", mig=(1, 1),
+                                                  uuid="GPU-00000000-0000-0000-0000-000000000001",
+                                                  mig_instances=(mig,))]))
+    real = nvml.open_nvml()
+    assert real.mig_parent(mig) == 1
+    assert real.mig_parent("MIG-00000000-dead-beef-0000-000000000000") is None
+    assert launch_gpus(real, mig) == (1,)
+    assert launch_gpus(real, "GPU-00000000-0000-0000-0000-000000000001,0") == (1, 0)

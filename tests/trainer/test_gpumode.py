@@ -18,9 +18,15 @@ DEFAULT, EXCLUSIVE = 0, 3  # NVML_COMPUTEMODE_DEFAULT / _EXCLUSIVE_PROCESS
 
 
 def fake_pynvml(modes: list[int], uuids: list[str] | None = None,
-                init_error: bool = False) -> types.ModuleType:
+                init_error: bool = False, migs: dict[str, int] | None = None) -> types.ModuleType:
+    """`migs`: MIG instance UUID -> the index of the GPU holding it."""
     n = types.ModuleType("pynvml")
     uuids = uuids or [f"GPU-{i:08d}" for i in range(len(modes))]
+    migs = migs or {}
+
+    def by_uuid(uuid: bytes | str) -> Any:
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        return ("mig", migs[text]) if text in migs else uuids.index(text)
 
     def init() -> None:
         if init_error:
@@ -30,7 +36,10 @@ def fake_pynvml(modes: list[int], uuids: list[str] | None = None,
     n.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
     n.nvmlDeviceGetCount = lambda: len(modes)  # type: ignore[attr-defined]
     n.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
-    n.nvmlDeviceGetHandleByUUID = uuids.index  # type: ignore[attr-defined]
+    n.nvmlDeviceGetHandleByUUID = by_uuid  # type: ignore[attr-defined]
+    n.nvmlDeviceGetUUID = lambda h: uuids[h].encode()  # type: ignore[attr-defined]
+    n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda m: m[1]  # type: ignore[attr-defined]
+    n.nvmlDeviceGetIndex = lambda h: h  # type: ignore[attr-defined]
     n.nvmlDeviceGetComputeMode = lambda h: modes[h]  # type: ignore[attr-defined]
     n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = EXCLUSIVE  # type: ignore[attr-defined]
     n.NVML_COMPUTEMODE_EXCLUSIVE_THREAD = 1  # type: ignore[attr-defined]
@@ -53,6 +62,24 @@ def test_exclusive_process_reads_the_gpus_cuda_sees(monkeypatch: pytest.MonkeyPa
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    assert gpumode.exclusive_process() is expected
+
+
+@pytest.mark.parametrize("cvd,expected", [
+    ("GPU-aa11", True),               # a UUID prefix, as CUDA takes it: GPU 1
+    ("GPU-bb22-0000", False),         # GPU 0 by its whole UUID
+    ("MIG-5c7e0000-0001", True),      # a MIG instance of GPU 1 (EXCLUSIVE)
+    ("MIG-5c7e0000-0000", False),     # a MIG instance of GPU 0
+])
+def test_exclusive_process_maps_uuids_to_their_gpus(monkeypatch: pytest.MonkeyPatch, cvd: str,
+                                                    expected: bool) -> None:
+    """UUIDs in CUDA_VISIBLE_DEVICES name GPUs by NVML's UUID: a prefix (which
+    nvmlDeviceGetHandleByUUID rejects) or a MIG instance made the planning give up (False)
+    on an EXCLUSIVE_PROCESS GPU."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(
+        [DEFAULT, EXCLUSIVE], uuids=["GPU-bb22-0000", "GPU-aa11-0001"],
+        migs={"MIG-5c7e0000-0000": 0, "MIG-5c7e0000-0001": 1}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
     assert gpumode.exclusive_process() is expected
 
 
