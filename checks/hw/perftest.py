@@ -132,12 +132,16 @@ def cuda_ordinal(gpu_pci: str, cuda_pcis: list[str]) -> int | None:
         return None
 
 
-def run_loopback(nic: str, *, gpu: int | None = None, port: int = 18515, size: int = 1 << 20,
-                 duration_s: int = 5, timeout_s: float = 60.0) -> dict[str, Any]:
+def run_loopback(nic: str, *, gpu: int | None = None, server_gpu: int | None = None,
+                 port: int = 18515, size: int = 1 << 20, duration_s: int = 5,
+                 timeout_s: float = 60.0) -> dict[str, Any]:
     """One loopback measurement on `nic`: {"argv", "returncode", "output", "server_output",
-    "timed_out"}. Never raises for what perftest does; the caller parses `output`."""
+    "timed_out"}. Never raises for what perftest does; the caller parses `output`. The client's
+    buffer is on CUDA GPU `gpu`, the server's on `server_gpu` (default: the same GPU; another
+    where the GPU is in compute mode EXCLUSIVE_PROCESS, which admits one process's context)."""
     env = loopback_env(os.environ)  # --use_cuda N: the N-th GPU of this process, PCI order
-    server_argv = command(nic, port, gpu=gpu, size=size, duration_s=duration_s)
+    server_argv = command(nic, port, gpu=gpu if server_gpu is None else server_gpu, size=size,
+                          duration_s=duration_s)
     client_argv = command(nic, port, gpu=gpu, size=size, duration_s=duration_s,
                           server="127.0.0.1")
     deadline = time.monotonic() + timeout_s

@@ -202,3 +202,64 @@ def test_container_with_two_of_eight_gpus_measures_its_own_by_their_cuda_ordinal
     skipped = [r for r in results if r["status"] == "SKIP"]
     assert len(skipped) == 6 and all("not one of the GPUs" in r["message"] for r in skipped)
     assert status == "PASS"
+
+
+def test_exclusive_process_puts_the_loopback_server_on_another_gpu(run_cli, tmp_path: Path
+                                                                    ) -> None:
+    """Every GPU in compute mode EXCLUSIVE_PROCESS: ib_write_bw's server and client are two
+    processes, and two contexts on one such GPU fail (the second one's ERROR). Each pair's
+    server opens another GPU; the client keeps the rail's GPU."""
+    path = Path(scenario(tmp_path, {"cuda": True},
+                         {"default": log("ndr-gdr-duration-gbits-azure152.txt")}))
+    data = yaml.safe_load(path.read_text())
+    data["gpu_defaults"] = {"compute_mode": "exclusive_process"}
+    path.write_text(yaml.safe_dump(data))
+    status, results = write_bw(run_cli, str(path))
+    assert status == "PASS" and len(results) == 8
+    for r in results:
+        assert r["details"]["server_gpu"] is not None
+        assert r["details"]["server_gpu"] != r["details"]["gpu"], r["device"]
+        assert "EXCLUSIVE_PROCESS" in r["message"]
+
+
+def test_one_exclusive_gpu_skips_with_the_reason(run_cli, tmp_path: Path) -> None:
+    """A container given one EXCLUSIVE_PROCESS GPU of eight: no second GPU for the server."""
+    path = Path(scenario(tmp_path, {"cuda": True},
+                         {"default": log("ndr-gdr-duration-gbits-azure152.txt")}))
+    data = yaml.safe_load(path.read_text())
+    data["host"]["device_nodes"] = [2]
+    data["gpu_overrides"] = {k: {"nvml_visible": False} for k in (0, 1, 3, 4, 5, 6, 7)}
+    data["gpu_defaults"] = {"compute_mode": "exclusive_process"}
+    path.write_text(yaml.safe_dump(data))
+    status, results = write_bw(run_cli, str(path))
+    (gpu2,) = [r for r in results if r["device"]["name"].startswith("GPU2")]
+    assert gpu2["status"] == "SKIP" and "EXCLUSIVE_PROCESS" in gpu2["message"]
+    assert "cannot both open this GPU" in gpu2["message"]
+    assert status == "SKIP"
+
+
+def test_run_loopback_gives_the_server_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's --use_cuda is server_gpu, the client's gpu."""
+    started: list[list[str]] = []
+
+    class Server:
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+        def communicate(self) -> tuple[str, str]:
+            return "", ""
+
+    def start(argv: list[str], **kw: Any) -> Server:
+        started.append(argv)
+        return Server()
+
+    monkeypatch.setattr(perftest.procs, "start", start)
+    monkeypatch.setattr(perftest.procs, "kill_tree", lambda proc: None)
+    monkeypatch.setattr(perftest.time, "sleep", lambda s: None)
+    perftest.run_loopback("mlx5_0", gpu=3, server_gpu=4, duration_s=1, timeout_s=5)
+    assert started[0][-1] == "--use_cuda=4"
+    started.clear()
+    perftest.run_loopback("mlx5_0", gpu=3, duration_s=1, timeout_s=5)
+    assert started[0][-1] == "--use_cuda=3"
