@@ -18,10 +18,16 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|PRI
                          r"SESSION|SIGNATURE|CERT|(?:^|_)PASS(?:_|$)|(?:^|_)PWD(?:_|$)", re.IGNORECASE)
 # A value that carries a secret whatever its name: URL credentials (scheme://user:pass@host; the
 # password may hold `/`, `:` or `?` unencoded, so anything up to the last `@` counts), a query
-# parameter named like a secret (?token=..., &X-Amz-Signature=...) and NVIDIA API keys (nvapi-...).
+# parameter named like a secret (?token=..., &X-Amz-Signature=...), NVIDIA API keys (nvapi-...),
+# the prefixed tokens of the services a training node pulls from (GitHub ghp_/gho_/ghu_/ghs_/ghr_
+# and github_pat_, GitLab glpat-, Hugging Face hf_, Slack xox?-, AWS access key ids AKIA...), and
+# an HTTP Authorization header or its Bearer/Basic credentials, which carry no `=`.
 SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:\S*@|\bnvapi-|"
                           r"[?&;][^=\s&;#]*(?:KEY|TOKEN|SECRET|PASS|PWD|SIG|AUTH|CREDENTIAL|SESSION)"
-                          r"[^=\s&;#]*=", re.IGNORECASE)
+                          r"[^=\s&;#]*=|"
+                          r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
+                          r"hf_[A-Za-z0-9]{20,}|xox[abprs]-[\w-]{10,}|AKIA[0-9A-Z]{16})|"
+                          r"\bAuthorization\s*:|\b(?:Bearer|Basic)\s+[\w.~+/=-]{8,}", re.IGNORECASE)
 
 
 @functools.cache

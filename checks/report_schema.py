@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import socket
 from collections import Counter
@@ -99,7 +100,8 @@ MAX_CLOCK_AHEAD_S = 86400.0
 
 
 def time_problem(report: dict[str, Any], now: float) -> str | None:
-    """A report whose start is more than a day after `now` (Unix time)."""
+    """A report whose start, or whose end (start + duration_s), is more than a day after `now`
+    (Unix time): the end is when the fleet and the history take it to have finished."""
     try:
         started = dt.datetime.fromisoformat(str(report.get("started_at")))
     except ValueError:  # the schema judges the format; only a readable time can be in the future
@@ -110,6 +112,11 @@ def time_problem(report: dict[str, Any], now: float) -> str | None:
     if ahead > MAX_CLOCK_AHEAD_S:
         return (f"started_at {started.isoformat()} is {ahead / 86400:.0f} days after this "
                 "machine's clock: a wrong clock on the node or an edited report")
+    duration = report.get("duration_s")
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and (
+            not math.isfinite(duration) or ahead + duration > MAX_CLOCK_AHEAD_S):
+        return (f"duration_s {duration:g} ends the run after this machine's clock (started "
+                f"{started.isoformat()}): an edited report")
     return None
 
 

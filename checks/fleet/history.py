@@ -201,6 +201,12 @@ Rows = list[tuple[str, tuple[Any, ...]]]
 Mapper = Callable[[Callable[[HostJob], Rows], Iterable[HostJob]], Iterable[Rows]]
 
 
+def _index(value: Any) -> int | None:
+    """A GPU index as SQLite can store it: an integer of 64 bits (the loader refuses a report with
+    a larger one), else none."""
+    return value if type(value) is int and -(2**63) <= value < 2**63 else None
+
+
 def host_rows(job: HostJob) -> Rows:
     """One host's rows, (table, row) in the order _rows gives them. Module-level, so that a
     process pool can build them (record's `map_`): a walk of every result of the host's checks,
@@ -212,18 +218,20 @@ def host_rows(job: HostJob) -> Rows:
     for chk in (report or {}).get("checks", []):
         for r in chk["results"]:
             dev = r.get("device") or {}
-            uuid, status = dev.get("uuid"), r["status"]
+            uuid, status, index = dev.get("uuid"), r["status"], _index(dev.get("index"))
             if uuid:
-                index, seen = gpus.get(uuid, (dev.get("index"), "SKIP"))
+                index, seen = gpus.get(uuid, (index, "SKIP"))
                 gpus[uuid] = (index, _worst(seen, status))
             key = (chk["id"], uuid)
             if status in PROBLEMS and (key not in worst
                                        or _worst(worst[key][1], status) != worst[key][1]):
-                worst[key] = (dev.get("index"), status, r["message"])
-            for name, value in ((r.get("details") or {}).get("figures") or {}).items():
-                # NaN and infinities measured nothing: no figure (SQLite stores NaN as NULL)
+                worst[key] = (_index(dev.get("index")), status, r["message"])
+            figures = (r.get("details") or {}).get("figures")
+            for name, value in figures.items() if isinstance(figures, dict) else ():
+                # NaN and infinities measured nothing: no figure (SQLite stores NaN as NULL);
+                # stored as a float: REAL, and an integer past 64 bits would not bind
                 if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                    out.append(("figures", (run_id, host, chk["id"], uuid, name, value)))
+                    out.append(("figures", (run_id, host, chk["id"], uuid, name, float(value))))
     out.extend(("gpus", (run_id, host, uuid, index, status)) for uuid, (index, status) in gpus.items())
     out.extend(("results", (run_id, host, check_id, uuid, index, status, message))
                for (check_id, uuid), (index, status, message) in worst.items())

@@ -58,29 +58,48 @@ def _cmdline_parts(line: str) -> tuple[str, str, str] | None:
 
 def redact_cmdline(line: str) -> str:
     """A kernel command line log line (or the kernel's echo of its unknown parameters) with only
-    the CMDLINE_KEPT parameters."""
+    the CMDLINE_KEPT parameters, a secret in their values masked (secret_param)."""
     parts = _cmdline_parts(line)
     if parts is None:
         return line
     before, given, after = parts
     params = given.split()
-    kept = [p for p in params if cmdline_kept(p)]
+    kept = [_masked_param(p) for p in params if cmdline_kept(p)]
     gone = len(params) - len(kept)
     return before + " ".join(kept) + after + (f" [{gone} parameters removed by --redact]" if gone else "")
 
 
-def mask_cmdline_secrets(line: str) -> str:
-    """A kernel command line with the value of every secret-looking parameter (vault_token=...)
-    masked; applied to every recording, redacted or not."""
-    from checks.environment import MASKED, SECRET_NAME
+# an assignment inside a parameter's value: nvidia.NVreg_RegistryDwords="RmApiKey=...;Other=1"
+_INNER_NAME = re.compile(r"(?:^|[\s;,\"'])([A-Za-z_][\w.-]*)=")
 
+
+def secret_param(param: str) -> bool:
+    """Whether a kernel parameter's value is a secret: its name looks like one (vault_token=), its
+    value does (URL credentials, a token: environment.SECRET_VALUE), or its value assigns a name
+    that looks like one (a driver's registry string holding RmApiKey=...)."""
+    from checks.environment import SECRET_NAME, SECRET_VALUE
+
+    if "=" not in param:
+        return False
+    name, value = param.split("=", 1)
+    return bool(SECRET_NAME.search(name) or SECRET_VALUE.search(value)
+                or any(SECRET_NAME.search(inner) for inner in _INNER_NAME.findall(value)))
+
+
+def _masked_param(param: str) -> str:
+    from checks.environment import MASKED
+
+    return f"{param.split('=', 1)[0]}={MASKED}" if secret_param(param) else param
+
+
+def mask_cmdline_secrets(line: str) -> str:
+    """A kernel command line with the value of every secret parameter (secret_param) masked;
+    applied to every recording, redacted or not."""
     parts = _cmdline_parts(line)
     if parts is None:
         return line
     before, given, after = parts
-    params = [f"{p.split('=', 1)[0]}={MASKED}" if "=" in p and SECRET_NAME.search(p.split("=", 1)[0])
-              else p for p in given.split()]
-    return before + " ".join(params) + after
+    return before + " ".join(_masked_param(p) for p in given.split()) + after
 
 
 class Redactor:

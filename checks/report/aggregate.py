@@ -32,8 +32,8 @@ from checks import profiles
 from checks.model import Status
 from checks.report import digest_groups as digests_
 from checks.report import figures as figs
+from checks.report import gpu_identity, nvl72
 from checks.report import load as loader
-from checks.report import nvl72
 from checks.report import stragglers as strag
 from checks.report import summary as summary_
 from checks.report.findings import Drift, Finding, HostEntry, Lemon
@@ -209,12 +209,15 @@ class Facts:
     spread: list[SpreadRow]
     digests: list[tuple[digests_.GroupKey, digests_.Entry]]
     nvl72: bool  # it is an NVL72 tray with a fabric identity (nvl72.trays)
+    gpus: gpu_identity.GpuIds = ()  # the GPU UUIDs and serials its results name
+    hardware: bool = False  # measured on real hardware (backend linux), not simulated
 
     @classmethod
     def of(cls, host: str, report: Mapping[str, Any], consistent: bool = False) -> Facts:
         """`consistent`: as for spread_rows (the loader checked the report)."""
         return cls(spread_rows(report, consistent), list(digests_.entries_of(host, report)),
-                   bool(nvl72.trays([(host, report)])))
+                   bool(nvl72.trays([(host, report)])), gpu_identity.ids_of(report),
+                   report.get("backend") == "linux")
 
 
 def _spread(entries: list[HostEntry], facts: Mapping[str, Facts]) -> list[CheckSpread]:
@@ -336,18 +339,27 @@ _compactor: summary_.Compactor | None = None
 
 def read_one(path: Path) -> loader.HostReport | None:
     """One report file read, checked and validated (loader.read), then reduced to what the fleet
-    keeps of it; None for a fleet summary. A module-level function, so that a process pool can
-    run it (read's `map_`): what it returns is all it hands back."""
+    keeps of it; None for the fleet's own summary (loader.FLEET_FILE_NAMES). A module-level
+    function, so that a process pool can run it (read's `map_`): what it returns is all it hands
+    back. What the reduction still trips on in a report the loader passed is that host's ERROR,
+    naming the exception: one report never ends the fleet report (in a forked reader, an
+    exception would be raised again in the caller)."""
     global _compactor
-    item = loader.read(path, validate=loader.validator(), keep_text=True)
+    item = loader.read(path, validate=loader.validator(), keep_text=True,
+                       summary_names=loader.FLEET_FILE_NAMES)
     if item is None or item.report is None:
         return item
     if _compactor is None:  # strings shared across the reports this process reads
         _compactor = summary_.Compactor()
     report = item.report
-    return Summarised(item.host, _compactor.pack(report, item.text), None, item.path,
-                      published=list(figs.extract(item.host, report)),
-                      facts=Facts.of(item.host, report, consistent=True))
+    try:
+        return Summarised(item.host, _compactor.pack(report, item.text), None, item.path,
+                          published=list(figs.extract(item.host, report)),
+                          facts=Facts.of(item.host, report, consistent=True))
+    except Exception as exc:  # whatever the report holds; the reason names the exception
+        why = loader.clean(" ".join(f"{type(exc).__name__}: {exc}".split()))[:200]
+        return loader.HostReport(item.host, None, f"report unreadable: {path.name}: the fleet could "
+                                 f"not read it ({why})", path)
 
 
 Mapper = Callable[[Callable[[Path], "loader.HostReport | None"], list[Path]],
@@ -409,8 +421,21 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
                                        [Occurrence(f.host, f.status, f.message, []) for f in domain]))
         for finding in domain:
             entry = entries[finding.host]
-            entry.status = "FAIL" if entry.status in ("PASS", "WARN") else entry.status
+            if entry.status in ("PASS", "WARN"):
+                entry.status = finding.status  # FAIL, or ERROR: its identity could not be read
+            if finding.status == "ERROR":
+                entry.reason = entry.reason or f"{nvl72.CHECK_ID}: {finding.message}"
             entry.problems.append(nvl72.CHECK_ID)
+    # One GPU sits in one host: a UUID or serial two hosts name is a finding on both.
+    shared = gpu_identity.find((h.host, facts[h.host].hardware, facts[h.host].gpus)
+                               for h in hosts if h.host in facts)
+    if shared:
+        by_check.insert(0, CheckSpread(gpu_identity.CHECK_ID, gpu_identity.CODE, gpu_identity.TITLE,
+                                       [Occurrence(f.host, f.status, f.message, []) for f in shared]))
+        for duplicate in shared:
+            entry = entries[duplicate.host]
+            entry.status = "FAIL" if entry.status in ("PASS", "WARN") else entry.status
+            entry.problems.append(gpu_identity.CHECK_ID)
 
     profile_of = {h.host: h.profile or profiles.GENERIC for h in hosts}
     # a NaN figure is a finding (broken), never dropped; what is not a figure is a curve

@@ -15,7 +15,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,9 @@ except ImportError:  # json alone reads every report, 2-4x slower
     _orjson = None  # type: ignore[assignment]
 
 FLEET_SCHEMA_NAME = "nodecert-fleet"
+# The name the fleet summary has when written into the reports directory (docs/fleet.md): the one
+# file there skipped for holding a fleet summary; any other that claims the schema is a host's ERROR.
+FLEET_FILE_NAMES = frozenset({"fleet.json"})
 
 Validator = Callable[[Any], "str | None"]
 
@@ -122,7 +125,10 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
-_JSON_STRING = re.compile(rb'"[^"\\\\]*(?:\\\\.[^"\\\\]*)*"', re.DOTALL)
+# a JSON string: a quote, then characters other than a quote or backslash, or a backslash and
+# the one character it escapes, then a quote (in rb'' text `\\` is the regular expression's
+# escaped backslash: one backslash of the input)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _NOT_BRACKET_OR_QUOTE = bytes(b for b in range(256) if b not in b'[]{}"')
 # { and } read as [ and ]: in a text that parsed, brackets outside strings pair up by kind anyway,
@@ -185,6 +191,9 @@ def text_problem(doc: Any, raw: bytes | None = None) -> str | None:
 
 
 MAX_INT_DIGITS = 20  # 2**64 has 20 digits; a 4 000-digit integer parses but overflows float()
+# An integer of a host report fits a signed 64-bit integer: what the history (SQLite INTEGER)
+# stores; 2**63 and up made sqlite3 raise OverflowError mid-recording.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 
 def _bounded_int(text: str) -> int:
@@ -192,6 +201,15 @@ def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
     return int(text)
+
+
+def _int64(text: str) -> int:
+    """A host report's parse_int: _bounded_int, within a signed 64-bit integer."""
+    value = _bounded_int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"the integer {value} is outside the signed 64-bit range of a report's "
+                         "integers")
+    return value
 
 
 class DuplicateKey(ValueError):
@@ -225,14 +243,16 @@ def _fast(raw: bytes) -> Any:
     orjson's text of the document it read. An integer past 64 bits became a float of magnitude
     9.2e18 or more, which orjson writes with an exponent (`1.8446744073709552e+19`): a text with
     `e+` anywhere (a float of 1e16 or more, or those two characters in a string) takes json's
-    path. A duplicate key is seen by counting colons: orjson's text has as many as `raw` unless a
-    key was dropped with its value (every key brings one; orjson writes a colon in a string as
-    `:`, so a colon written `\\u003a` in `raw` takes json's path)."""
+    path. An integer past 53 bits (orjson reads up to 2**64 - 1 as one) makes dumps refuse the
+    document (OPT_STRICT_INTEGER): json's parse_int judges its range. A duplicate key is seen by
+    counting colons: orjson's text has as many as `raw` unless a key was dropped with its value
+    (every key brings one; orjson writes a colon in a string as `:`, so a colon written `\\u003a`
+    in `raw` takes json's path)."""
     if _orjson is None or (b"\\" in raw and _ESCAPED_COLON.search(raw)):
         return None
     try:
         doc = _orjson.loads(raw)
-        text = _orjson.dumps(doc)
+        text = _orjson.dumps(doc, option=_orjson.OPT_STRICT_INTEGER)
     except (_orjson.JSONDecodeError, _orjson.JSONEncodeError):  # dumps nests 254 deep, loads 1024
         return None
     if doc is None or _exponent(text) or text.count(b":") != raw.count(b":"):
@@ -253,19 +273,27 @@ def _exponent(text: bytes) -> bool:
 
 def parse_json(raw: bytes | str) -> Any:
     """Every JSON file the fleet reads from a run directory (host reports, cross-host files):
-    integers bounded (MAX_INT_DIGITS), a key named twice in one object refused (DuplicateKey);
-    ValueError for anything else json refuses, never RecursionError."""
+    UTF-8 only, integers bounded (MAX_INT_DIGITS, signed 64 bits), a key named twice in one
+    object refused (DuplicateKey); ValueError for anything else json refuses, never
+    RecursionError."""
     return _parse(raw)[0]
 
 
-def _parse(raw: bytes | str) -> tuple[Any, bool]:
-    """parse_json's document, and whether orjson.loads(raw) reads it (the fast path)."""
+def _parse(raw: bytes | str, parse_int: Callable[[str], int] = _bounded_int) -> tuple[Any, bool]:
+    """parse_json's document, and whether orjson.loads(raw) reads it (the fast path: every
+    integer within 53 bits). `parse_int` judges the integers of json's path."""
     if isinstance(raw, bytes):
-        doc = _fast(raw)
+        doc = _fast(raw)  # orjson reads UTF-8 only
         if doc is not None:
             return doc, True
+        # JSON exchanged between systems is UTF-8 (RFC 8259, section 8.1); json.loads would
+        # decode UTF-16 and UTF-32 too, whose text the byte patterns below (plainly_fine,
+        # _maybe_unsafe) cannot see into: a control character would reach every renderer raw
+        encoding = json.detect_encoding(raw)
+        if encoding not in ("utf-8", "utf-8-sig"):
+            raise ValueError(f"{encoding.upper()} text: a report is UTF-8 (RFC 8259)")
     try:
-        return json.loads(raw, parse_int=_bounded_int, object_pairs_hook=_unique_keys), False
+        return json.loads(raw, parse_int=parse_int, object_pairs_hook=_unique_keys), False
     except RecursionError:
         raise ValueError("nested too deep") from None
 
@@ -321,28 +349,34 @@ def cleaned(doc: Any, raw: bytes | None = None) -> Any:
 
 
 def read(path: Path, host: str | None = None, validate: Validator | None = None,
-         keep_text: bool = False) -> HostReport | None:
+         keep_text: bool = False, summary_names: Collection[str] | None = None) -> HostReport | None:
     """The report at `path`, named after the file (reports/<run-id>/<host>.json) unless `host`;
-    None for a fleet summary written into the same directory. Whatever is wrong with the file
-    (not a regular file, not JSON, too deep, not valid against the schema, a host that is not
-    one node name, a verdict its checks do not give) makes it unreadable, with the reason.
-    `keep_text`: the report's `text` is the file's bytes where orjson reads them into the report
-    unchanged (HostReport.text)."""
+    None for a fleet summary: one a file of the reports directory holds under one of
+    `summary_names` (FLEET_FILE_NAMES), any when None (a file given by its path). Whatever is
+    wrong with the file (not a regular file, not UTF-8 JSON, too deep, an integer past 64 bits,
+    not valid against the schema, a file name or host that is not one node name, a verdict its
+    checks do not give) makes it unreadable, with the reason; a file name that is no node name
+    is shown escaped (shown_name). `keep_text`: the report's `text` is the file's bytes where
+    orjson reads them into the report unchanged (HostReport.text)."""
     name = host or path.stem
 
     def unreadable(why: str) -> HostReport:
-        return HostReport(name, None, clean(f"report unreadable: {path.name}: {' '.join(why.split())}"),
+        why = clean(" ".join(why.split())).encode("utf-8", "backslashreplace").decode("utf-8")
+        return HostReport(shown_name(name), None, f"report unreadable: {shown_name(path.name)}: {why}",
                           path)
 
     try:
         raw = read_regular(path)
-        doc, by_orjson = _parse(raw)
+        doc, by_orjson = _parse(raw, _int64)
     except OSError as exc:
         return unreadable(exc.strerror or str(exc))
     except ValueError as exc:
         return unreadable(str(exc)[:200])
     if isinstance(doc, dict) and doc.get("schema") == FLEET_SCHEMA_NAME:
-        return None
+        if summary_names is None or path.name in summary_names:
+            return None
+        return unreadable(f"a fleet summary (schema {FLEET_SCHEMA_NAME}), not a host report: only "
+                          f"{', '.join(sorted(summary_names))} is taken for the fleet's own")
     problem = host_name_problem(name) or text_problem(doc, raw)
     if problem:
         return unreadable(problem)
@@ -376,6 +410,15 @@ def reported_host_problem(name: object) -> str | None:
 def host_name_problem(name: str) -> str | None:
     problem = report_schema.host_problem(name)
     return None if problem is None else f"file name: {problem}"
+
+
+def shown_name(name: str) -> str:
+    """A file name as the fleet may show it: a node name as it is; any other with its bytes
+    that are not UTF-8 (os.fsdecode's surrogates) as `\\xff`, its backslashes doubled and its
+    control and bidirectional characters escaped (clean). Never a valid node name then, so it
+    cannot stand for a host, and fit for every renderer (Prometheus labels must be UTF-8)."""
+    escaped = os.fsencode(name).replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return clean(escaped)
 
 
 def flag_duplicates(found: list[HostReport]) -> list[HostReport]:
@@ -412,5 +455,6 @@ def gc_paused() -> Iterator[None]:
 def read_dir(directory: Path) -> list[HostReport]:
     validate = validator()
     with gc_paused():
-        found = [read(p, validate=validate) for p in sorted(directory.glob("*.json"))]
+        found = [read(p, validate=validate, summary_names=FLEET_FILE_NAMES)
+                 for p in sorted(directory.glob("*.json"))]
     return flag_duplicates([f for f in found if f is not None])

@@ -30,6 +30,9 @@ class Tray:
     cluster_uuid: str
     clique_id: int
     imex_nodes: tuple[str, ...] | None  # None: the tray's report has no IMEX node list
+    # why its identity cannot be compared (a schema-valid report may give any JSON value in
+    # details): that tray's ERROR, never a crash of the fleet report nor a tray left out
+    problem: str | None = None
 
     @property
     def fabric(self) -> tuple[str, int]:
@@ -49,14 +52,27 @@ def _details(report: Mapping[str, Any], check_id: str,
     for chk in report.get("checks", []):
         if chk.get("id") == check_id:
             for result in chk.get("results", []):
-                details = result.get("details") or {}
-                if details and result.get("status") in statuses:
+                details = result.get("details")
+                if isinstance(details, dict) and details and result.get("status") in statuses:
                     return details
     return None
 
 
+def _identity_problem(uuid: Any, clique: Any, nodes: Any) -> str | None:
+    """Why a tray's fabric identity is not what the node check writes: a cluster UUID (text), a
+    clique ID (an integer) and an IMEX node list (names)."""
+    if not isinstance(uuid, str):
+        return f"cluster_uuid {uuid!r:.40} is not text"
+    if type(clique) is not int:
+        return f"clique_id {clique!r:.40} is not an integer"
+    if nodes and not (isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)):
+        return f"the IMEX node list {nodes!r:.60} is not a list of node names"
+    return None
+
+
 def trays(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Tray]:
-    """The hosts whose report has a complete tray-level fabric identity."""
+    """The hosts whose report has a tray-level fabric identity; one that is malformed has its
+    `problem`."""
     found = []
     for host, report in reports:
         # Only a tray whose GPUs all registered has one identity (a failing tray is already
@@ -65,9 +81,12 @@ def trays(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Tray]:
         if not fabric or "cluster_uuid" not in fabric:
             continue
         imex = _details(report, "imex-service")
-        nodes = tuple(sorted(imex["nodes"])) if imex and imex.get("nodes") else None
-        found.append(Tray(host, str(fabric["cluster_uuid"]), int(fabric.get("clique_id", 0)),
-                          nodes))
+        uuid, clique, nodes = fabric["cluster_uuid"], fabric.get("clique_id", 0), (imex or {}).get("nodes")
+        problem = _identity_problem(uuid, clique, nodes)
+        if problem:
+            found.append(Tray(host, "", 0, None, problem))
+        else:
+            found.append(Tray(host, uuid, clique, tuple(sorted(nodes)) if nodes else None))
     return found
 
 
@@ -84,8 +103,12 @@ def _short(uuid: str) -> str:
 
 
 def find(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Finding]:
-    """Trays that disagree with their domain, one finding per tray, sorted by host."""
-    all_trays = trays(reports)
+    """Trays that disagree with their domain (FAIL), or whose identity cannot be read (ERROR),
+    one finding per tray, sorted by host."""
+    read = trays(reports)
+    unreadable = [Finding(t.host, "ERROR", f"its NVLink domain cannot be checked: {t.problem}")
+                  for t in read if t.problem]
+    all_trays = [t for t in read if not t.problem]
     messages: dict[str, list[str]] = {}
 
     # 1. One IMEX node list = one domain as configured: its trays must report one fabric.
@@ -131,12 +154,14 @@ def find(reports: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Finding]:
                                       f"extra {', '.join(extra)}" if extra else "") if part) + ")"
             messages.setdefault(tray.host, []).append(
                 f"{what} from the other trays of NVLink domain {_short(uuid)} / clique {clique}")
-    return [Finding(host, "FAIL", "; ".join(parts)) for host, parts in sorted(messages.items())]
+    disagree = [Finding(host, "FAIL", "; ".join(parts)) for host, parts in messages.items()]
+    return sorted([*unreadable, *disagree], key=lambda f: f.host)
 
 
 def domains(reports: Iterable[tuple[str, dict[str, Any]]]) -> dict[tuple[str, int], list[str]]:
     """Hosts per NVLink domain (cluster UUID, clique), for reports and tests."""
     out: dict[tuple[str, int], list[str]] = {}
     for tray in trays(reports):
-        out.setdefault(tray.fabric, []).append(tray.host)
+        if not tray.problem:
+            out.setdefault(tray.fabric, []).append(tray.host)
     return {k: sorted(v) for k, v in out.items()}

@@ -9,6 +9,7 @@ import gc
 import json
 import math
 import weakref
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ def test_the_fleet_keeps_none_of_the_reports_it_read(tmp_path: Path, h100_report
     real_read, alive, most = load.read, [], [0]
 
     def tracked_read(path: Path, host: str | None = None, validate: load.Validator | None = None,
-                     keep_text: bool = False) -> load.HostReport | None:
-        item = real_read(path, host, validate, keep_text)
+                     keep_text: bool = False, summary_names: Collection[str] | None = None
+                     ) -> load.HostReport | None:
+        item = real_read(path, host, validate, keep_text, summary_names)
         if item is not None and item.report is not None:
             item.report = _Tracked(item.report)
             alive.append(weakref.ref(item.report))
@@ -130,12 +132,19 @@ TEXTS = [
     b'["\xed\xa0\x80"]',
     b"[" * 300 + b"]" * 300,  # deeper than orjson writes (254)
     b"[" * 1100 + b"]" * 1100,  # deeper than orjson reads (1024)
-    '{"x": "\u00e9"}'.encode("utf-16"),
     b"\xef\xbb\xbf{}",  # a byte-order mark
     b"null",
     b'{"a": 1,}',
     b"",
 ]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32-be"])
+def test_parse_json_refuses_what_json_would_decode_from_another_encoding_than_utf8(encoding) -> None:
+    """RFC 8259: JSON between systems is UTF-8; json.loads would decode UTF-16 and UTF-32, whose
+    text the loader's byte scans (controls, surrogates, nesting) cannot see into."""
+    with pytest.raises(ValueError, match="a report is UTF-8"):
+        load.parse_json('{"x": "\u00e9"}'.encode(encoding))
 
 
 @pytest.mark.parametrize("raw", TEXTS, ids=range(len(TEXTS)))
