@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from checks.model import Result
+from checks.model import CheckOutcome, Result
 
 if TYPE_CHECKING:
     from checks.node.context import Context
@@ -23,6 +23,9 @@ CheckFn = Callable[["Context"], Result | Iterable[Result]]
 # it; returns what closes the preparation if its check never uses it, or None. An exception is
 # ignored: the check itself then does the work and reports what went wrong.
 PrepareFn = Callable[["Context"], Callable[[], None] | None]
+# A check other checks may be gated on: given its outcome, why they must not run (None: they
+# may). The runner asks it for every check that names it in `gated_by` (runner._gated).
+GateFn = Callable[["Context", CheckOutcome], str | None]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,10 @@ class Check:
     timeout_s: float = 60.0
     seq: int = 0  # registration order, the last tie-breaker of `ordered`
     prepare: PrepareFn | None = None
+    # Checks whose gate may SKIP this one with its reason (a busy GPU: gpu-occupied). Unlike
+    # `needs`, a gate is asked even when its check was not selected for the run.
+    gated_by: tuple[str, ...] = ()
+    gate: GateFn | None = None
 
     @property
     def doc(self) -> str:
@@ -52,7 +59,8 @@ REGISTRY: dict[str, Check] = {}
 
 def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = "health",
           tags: Iterable[str] = (), needs: Iterable[str] = (),
-          timeout_s: float = 60.0, prepare: PrepareFn | None = None
+          timeout_s: float = 60.0, prepare: PrepareFn | None = None,
+          gated_by: Iterable[str] = (), gate: GateFn | None = None
           ) -> Callable[[CheckFn], CheckFn]:
     """Register a check. `id` is stable and hyphenated; `code` is the stable fault code."""
     if level not in LEVELS:
@@ -67,7 +75,8 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
             raise ValueError(f"fault code {code} registered twice")
         REGISTRY[id] = Check(id=id, code=code, title=title, func=func, level=level, stage=stage,
                              tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s,
-                             seq=len(REGISTRY), prepare=prepare)
+                             seq=len(REGISTRY), prepare=prepare, gated_by=tuple(gated_by),
+                             gate=gate)
         return func
 
     return register
@@ -92,7 +101,7 @@ def ordered(checks: Iterable[Check]) -> list[Check]:
     done: set[str] = set()
     while pool:
         for c in pool:
-            if all(n in done or n not in ids for n in c.needs):
+            if all(n in done or n not in ids for n in (*c.needs, *c.gated_by)):
                 placed.append(c)
                 done.add(c.id)
                 pool.remove(c)

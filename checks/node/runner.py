@@ -6,13 +6,14 @@ import contextlib
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from checks.hw.base import HardwareError, NotSupported, NvmlUnavailable
 from checks.model import CheckOutcome, Result, Status, error, finite_or_error, skip
 from checks.node.context import Context
-from checks.node.registry import Check
+from checks.node.registry import REGISTRY, Check
 
 Listener = Callable[[Check, CheckOutcome | None], None]
 
@@ -27,7 +28,38 @@ def _blocked(chk: Check, ctx: Context) -> Result | None:
         if outcome.status is Status.SKIP:
             # Pass the root cause down unchanged ("no NVIDIA device on the PCI bus").
             return skip(outcome.results[0].message if outcome.results else f"skipped: {need}")
+    for name in chk.gated_by:
+        reason = _gated(name, ctx)
+        if reason:
+            return skip(reason)
     return None
+
+
+# Outcomes of gate checks run only to answer a gate (not selected): never in the report.
+_unrecorded: weakref.WeakKeyDictionary[Context, dict[str, CheckOutcome]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _gated(name: str, ctx: Context) -> str | None:
+    """Why the gate check `name` keeps its dependents from running, or None. Its outcome in this
+    run, or, when it was not selected, its results computed here once and kept out of the
+    report. A gate that cannot answer (its own check blocked or broken) blocks nothing: the
+    gate check reports that itself when it runs."""
+    gate_check = REGISTRY.get(name)
+    if gate_check is None or gate_check.gate is None:
+        return None
+    done = ctx.outcomes.get(name)
+    if done is None:
+        cache = _unrecorded.setdefault(ctx, {})
+        if name not in cache:
+            blocked = _blocked(gate_check, ctx)
+            cache[name] = outcome(gate_check, [blocked] if blocked else _results(gate_check, ctx),
+                                  0.0)
+        done = cache[name]
+    try:
+        return gate_check.gate(ctx, done)
+    except Exception:  # a bug in the gate must not stop the measurements
+        return None
 
 
 def _normalise(chk: Check, produced: Any) -> list[Result]:

@@ -311,7 +311,8 @@ def _register(job: str, code: str, title: str) -> None:
 
     run.__doc__ = f"`python -m trainer {job}`: {title}. See docs/trainer.md."
     check(f"train-{job}", code=code, title=title, level="standard", stage="acceptance",
-          timeout_s=LAUNCH_TIMEOUT_S + 120, prepare=prepare_launch)(run)
+          timeout_s=LAUNCH_TIMEOUT_S + 120, prepare=prepare_launch,
+          gated_by=("gpu-occupied",))(run)
 
 
 _register("dp", "ACC001", "DataParallel over all GPUs equals one GPU")

@@ -234,7 +234,8 @@ class _GpuBurnJudge:
 
 @check("burn-in", code="BRN001",
        title="sustained GEMM on every GPU: bit-identical results, throughput and clocks under load",
-       level="burn-in", stage="burn-in", tags=("compute", "gpu", "burn-in"), timeout_s=172800)
+       level="burn-in", stage="burn-in", tags=("compute", "gpu", "burn-in"), timeout_s=172800,
+       gated_by=("gpu-occupied",))
 def burn_in(ctx: Context) -> Iterator[Result]:
     """--duration of identical GEMMs (burn_in.n_gpu, bf16) on every GPU at once, NVML sampled under
     load. FAIL when a GPU's results differ from its own first result or from the other GPUs'

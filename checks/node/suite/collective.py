@@ -7,7 +7,7 @@ from typing import Any
 from checks.hw.base import HardwareError
 from checks.hw.measure import busbw
 from checks.hw.measure import nccl_log as nccl_capture
-from checks.model import Result, error, fail, passed, skip
+from checks.model import Result, error, fail, passed, skip, warn
 from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
@@ -23,6 +23,10 @@ REMEDY_WRONG = ("silent data corruption on the named rank's path: drain the node
 REMEDY_SLOW = ("check nvlink (links down), fabric-manager, pcie-link (downtrained), NCCL_* "
                "variables that disable transports (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, "
                "NCCL_NVLS_ENABLE=0), and that no other job shares the GPUs")
+REMEDY_REACH = ("free the GPUs' memory (gpu-occupied names processes holding it) or give the "
+                "launch more time (profile collective.timeout_s_gpu, stall_s_gpu), then rerun; "
+                "each rank needs about 3.25 message-sized buffers of free GPU memory at the "
+                "floor's size")
 FIGURE = {"all_reduce": "allreduce_busbw_gbs", "all_gather": "allgather_busbw_gbs",
           "reduce_scatter": "reducescatter_busbw_gbs", "broadcast": "broadcast_busbw_gbs",
           "all_to_all": "alltoall_busbw_gbs"}
@@ -34,30 +38,43 @@ def _profile_floor_applies(ctx: Context, nranks: int) -> bool:
             and (per_node is None or int(per_node) == nranks))
 
 
-def gpu_sweep(ctx: Context, sweep: dict[str, Any], nranks: int) -> dict[str, Any]:
-    """The GPU sweep, reaching the message size the profile's floor was measured at
-    (collective.floor_bytes) when that floor is the one judged: a floor published at 16 GiB
-    (Azure's gate) is not reached at the default 256 MiB top."""
+def floor_size(ctx: Context, nranks: int) -> int | None:
+    """The message size the profile's floor was published at (collective.floor_bytes), when
+    that floor is the one judged for this many ranks; None when it is not judged, or its source
+    states no size (collective.floor_bytes_unstated says why)."""
     at = ctx.profile.get("collective.floor_bytes")
-    if at and _profile_floor_applies(ctx, nranks) and int(at) > int(sweep.get("max_bytes") or 0):
-        return {**sweep, "max_bytes": int(at)}
+    return int(at) if at and _profile_floor_applies(ctx, nranks) else None
+
+
+def gpu_sweep(ctx: Context, sweep: dict[str, Any], nranks: int) -> dict[str, Any]:
+    """The GPU sweep, with all-reduce going on to the size the profile's floor was published at
+    when that floor is judged: a floor published at 16 GiB (Azure's gate) is not judged at the
+    default 256 MiB top. The other ops stop at max_bytes; the ranks leave out what their free
+    memory or the launch's time cannot hold (checks/hw/measure/collective_rank.py)."""
+    at = floor_size(ctx, nranks)
+    if at and at > int(sweep.get("max_bytes") or 0):
+        return {**sweep, "floor_bytes": at}
     return dict(sweep)
 
 
-def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
-    """The profile's figure when it is for this many GPUs, else one derived from the links the
-    GPUs report (the slowest GPU sets the pace of a ring)."""
+def _judged_at(ctx: Context, nranks: int) -> str:
+    """Which sizes the floor is judged on, and why those."""
     p = ctx.profile
-    figure = p.get("thresholds.allreduce_busbw_gbs")
-    per_node = p.get("gpus_per_node")
-    # The floor is judged against the peak of the GPU sweep up to its largest size: the
-    # profile's floor_bytes (the size its source measured at) when the profile's floor applies,
-    # else sweep_gpu.max_bytes, below where NVLS peaks on 8 NVSwitch GPUs (2-8 GiB).
-    top = int(gpu_sweep(ctx, dict(p.get("collective.sweep_gpu") or {}), nranks).get("max_bytes") or 0)
-    judged = f", judged on the peak busbw of sizes up to {top / 2 ** 20:g} MiB" if top else ""
-    if _profile_floor_applies(ctx, nranks):
-        return rules.Threshold(float(figure), f"profile {p.name} thresholds.allreduce_busbw_gbs"
-                                              f" ({per_node or nranks} GPUs{judged})")
+    sweep = gpu_sweep(ctx, dict(p.get("collective.sweep_gpu") or {}), nranks)
+    top = int(sweep.get("floor_bytes") or sweep.get("max_bytes") or 0)
+    at = floor_size(ctx, nranks)
+    if at:
+        return (f"published at {busbw.human_bytes(at)}: judged on the peak busbw of sizes up to "
+                f"{busbw.human_bytes(top)}")
+    unstated = ("its source states no message size; " if _profile_floor_applies(ctx, nranks)
+                and p.get("collective.floor_bytes_unstated") else "")
+    return f"{unstated}judged on the peak busbw of sizes up to {busbw.human_bytes(top)}" if top else ""
+
+
+def derived_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
+    """A floor derived from the links the GPUs the ranks run on report (the slowest GPU sets
+    the pace of a ring); None when they are unknown."""
+    p = ctx.profile
     try:
         # The GPUs the ranks run on: CUDA_VISIBLE_DEVICES' selection (NVML indices, in its
         # order), not the first N in NVML order.
@@ -85,6 +102,19 @@ def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
         pcie_fraction=float(p.get("collective.pcie_fraction")))
 
 
+def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
+    """The profile's figure when it is for this many GPUs, else one derived from the links the
+    GPUs report."""
+    p = ctx.profile
+    if _profile_floor_applies(ctx, nranks):
+        judged = _judged_at(ctx, nranks)
+        return rules.Threshold(float(p.get("thresholds.allreduce_busbw_gbs")),
+                               f"profile {p.name} thresholds.allreduce_busbw_gbs "
+                               f"({p.get('gpus_per_node') or nranks} GPUs"
+                               f"{', ' + judged if judged else ''})")
+    return derived_threshold(ctx, nranks)
+
+
 def _describe_error(e: dict[str, Any]) -> str:
     where = (f"data from rank {e['source']}" if e.get("source") is not None else "result")
     text = (f"{e['op']} on rank {e['rank']}, iteration {e['iteration']}: {e['wrong']} wrong "
@@ -98,6 +128,10 @@ def _describe_error(e: dict[str, Any]) -> str:
     return text
 
 
+def _top(rows: list[dict[str, Any]] | None) -> int:
+    return max((int(r["bytes"]) for r in rows or []), default=0)
+
+
 def culprit_ranks(errors: list[dict[str, Any]]) -> list[int]:
     """Senders of wrong data when known, else the ranks that saw wrong results."""
     named = {r for e in errors for r in (e.get("senders_wrong") or [])}
@@ -106,7 +140,11 @@ def culprit_ranks(errors: list[dict[str, Any]]) -> list[int]:
 
 
 def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
-                      on_gpu: bool) -> Result:
+                      on_gpu: bool, *, floor_bytes: int | None = None,
+                      fallback: rules.Threshold | None = None) -> Result:
+    """The verdict of one launch. `floor_bytes`: the size `threshold` was published at; a sweep
+    whose all-reduce stopped short of it does not judge that floor at a smaller size (WARN, or
+    FAIL below `fallback`, the floor derived from the GPUs' links, at the sizes it reached)."""
     n = int(m["world_size"])
     details: dict[str, Any] = {
         "backend": m.get("backend"), "world_size": n, "env": m.get("env", {}),
@@ -144,10 +182,17 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
     exact = list(ops) + list(m.get("exact_ops") or [])
     fsdp = m.get("fsdp_checked") or {}
     skipped = m.get("exact_skipped") or {}
+    cut = dict(m.get("cut") or {})
+    reached = max((int(r["bytes"]) for r in ops.get("all_reduce", [])), default=0)
+    details["sweep_reach"] = {"floor_bytes": floor_bytes, "all_reduce_reached_bytes": reached,
+                              "asked_bytes": m.get("asked_bytes") or {},
+                              "free_bytes": m.get("free_bytes"), "cut": cut}
     summary = (f"{n} ranks {m.get('backend')}: {len(exact)} collectives exact ({', '.join(exact)})"
                + (f", reduce-scatter/all-gather also at {max(fsdp.values()) * 4 / 2 ** 20:.3g} MiB"
                   if fsdp else "")
                + "".join(f"; {op} skipped: {why}" for op, why in skipped.items())
+               + "".join(f"; {op} swept only up to {busbw.human_bytes(_top(ops.get(op)))}: {why}"
+                         for op, why in cut.items() if op != "all_reduce")
                + f"; all-reduce peak busbw {peak:.2f} GB/s")
     if not on_gpu:
         return passed(f"{summary} (CPU processes: bandwidth is information)", value=peak,
@@ -157,6 +202,21 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
                       value=peak, unit="GB/s", details=details)
     expected = f">= {threshold.value:.0f} GB/s ({threshold.source})"
     details["threshold_source"] = threshold.source
+    if floor_bytes and reached < floor_bytes:
+        # Busbw grows with the message size: a floor published at 16 GiB judged at 8 GiB would
+        # fail healthy nodes, and a pass there says nothing about 16 GiB.
+        why = cut.get("all_reduce") or f"its largest all-reduce was {busbw.human_bytes(reached)}"
+        short = (f"could not reach the size the floor is published at "
+                 f"({busbw.human_bytes(floor_bytes)}): {why}")
+        details["floor_not_judged"] = short
+        if fallback is not None and rules.below(peak, fallback.value):
+            return fail(f"{summary}, below {fallback.value:.0f} GB/s derived from its links at "
+                        f"sizes up to {busbw.human_bytes(reached)}; the profile's floor: {short}",
+                        value=peak, unit="GB/s", details=details, remedy=REMEDY_SLOW,
+                        expected=f">= {fallback.value:.0f} GB/s ({fallback.source})")
+        return warn(f"{summary} up to {busbw.human_bytes(reached)}, not judged against the "
+                    f"{threshold.value:.0f} GB/s floor: {short}", value=peak, unit="GB/s",
+                    expected=expected, details=details, remedy=REMEDY_REACH)
     if rules.below(peak, threshold.value):
         return fail(f"{summary}, below {threshold.value:.0f} GB/s", value=peak, unit="GB/s",
                     expected=expected, details=details, remedy=REMEDY_SLOW)
@@ -165,7 +225,8 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
 
 @check("nccl-allreduce", code="COL001",
        title="collectives exact and fast: all-reduce sweep, all-gather, reduce-scatter, broadcast",
-       level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600)
+       level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600,
+       gated_by=("gpu-occupied",))
 def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU (NCCL), or N CPU processes with gloo: exact integer
     patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and
@@ -210,7 +271,9 @@ def nccl_allreduce(ctx: Context) -> Result:
         except FileNotFoundError as exc:
             return error(f"could not launch torchrun: {exc}")
         log = cap.parse(m, simulated=ctx.hw.simulated)
-    result = judge_collectives(m, busbw_threshold(ctx, nproc) if plat.cuda else None, plat.cuda)
+    result = judge_collectives(m, busbw_threshold(ctx, nproc) if plat.cuda else None, plat.cuda,
+                               floor_bytes=floor_size(ctx, nproc) if plat.cuda else None,
+                               fallback=derived_threshold(ctx, nproc) if plat.cuda else None)
     if log is not None:
         result.details["nccl_log"] = log.to_dict()
         result.details["transports"] = log.kinds

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from checks.hw.base import NoPermission, NotSupported
-from checks.model import Result, Status, fail, passed, skip, warn
+from checks.model import CheckOutcome, Result, Status, fail, passed, skip, warn
+from checks.node import workload_plan as plan
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
 from checks.node.registry import check
@@ -57,13 +58,38 @@ def _job_order(job: str) -> tuple[int, str]:
     return (int(job), job) if job.isdigit() else (0, job)
 
 
+def busy_gate(ctx: Context, outcome: CheckOutcome) -> str | None:
+    """The gate of the workload checks (registry `gated_by=("gpu-occupied",)`): a GPU the
+    launches use (workload_plan.visible_gpus) on which another process holds a compute context
+    (a stray, another container's, a Slurm job's) would be measured together with that job: its
+    figures would be the other job's, not the hardware's, and a FAIL would blame the GPU. Names
+    who holds which GPU, as NVML lists them. Memory held with no process listed does not gate
+    (gpu-occupied judges it; the measurements size from free memory)."""
+    used = {str(g.device.pci).lower() for g in plan.visible_gpus(ctx) if g.device.pci}
+    busy = []
+    for result in outcome.results:
+        holders = (result.details or {}).get("holders") or []
+        device = result.device
+        if not holders or device is None or str(device.pci).lower() not in used:
+            continue
+        jobs = (result.details or {}).get("slurm_jobs") or {}
+        named = ", ".join(_describe(h) + (f" [Slurm job {jobs[str(h['pid'])]}]"
+                                          if str(h["pid"]) in jobs else "") for h in holders)
+        busy.append(f"GPU{device.index} ({device.pci}) held by {named}")
+    if not busy:
+        return None
+    return (f"busy: {'; '.join(busy)}: measured now, the figures would be that job's, not the "
+            "hardware's (see gpu-occupied); run again when the GPUs are free")
+
+
 @check("gpu-occupied", code="GPU050", title="no other process holds the GPUs before the jobs",
-       needs=("driver-loaded",))
+       needs=("driver-loaded",), gate=busy_gate)
 def gpu_occupied(ctx: Context) -> Iterator[Result]:
     """Compute processes that are not this tool (nvmlDeviceGetComputeRunningProcesses) fail
     (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes
     with no such process warns, above occupancy.memory_used_fail_fraction of the GPU's memory
-    fails. Runs before the workload checks, which would otherwise measure a shared GPU.
+    fails. Runs before the workload checks, which would otherwise measure a shared GPU, and
+    gates them (busy_gate): they SKIP, naming who holds which GPU, while another process does.
     A process in a Slurm job's cgroup (/proc/PID/cgroup), or, where no cgroup names a job
     (proctrack/linuxproc), below the job step's root-owned slurmstepd (checks/hw/jobprocs.py;
     both through Backend.process_slurm_job) is the job Slurm placed there, not a stray: a GPU
@@ -107,6 +133,7 @@ def gpu_occupied(ctx: Context) -> Iterator[Result]:
         details: dict[str, Any] = {"memory_used_bytes": used, "memory_total_bytes": total,
                                    "processes": procs}
         others = [pr for pr in procs or [] if pr["pid"] not in own]
+        details["holders"] = others  # what the workload checks' gate names (busy_gate)
         jobs = {pr["pid"]: job_of(pr["pid"]) for pr in others}
         in_jobs = [pr for pr in others if jobs[pr["pid"]]]
         foreign = [pr for pr in others if not jobs[pr["pid"]]]

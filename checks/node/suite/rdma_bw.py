@@ -39,7 +39,8 @@ def _line_rate(nic: RdmaDevice) -> float | None:
 
 @check("rdma-write-bw", code="NET009",
        title="ib_write_bw per GPU-NIC pair at a fraction of the port's line rate",
-       level="standard", stage="workload", tags=("fabric", "rdma"), timeout_s=900.0)
+       level="standard", stage="workload", tags=("fabric", "rdma"), timeout_s=900.0,
+       gated_by=("gpu-occupied",))
 def rdma_write_bw(ctx: Context) -> list[Result]:
     """Loopback ib_write_bw on each GPU's nearest compute NIC (with --use_cuda on GPU hosts;
     every compute NIC with host memory where there are no GPUs). FAIL below
