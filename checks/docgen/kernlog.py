@@ -1,5 +1,6 @@
-"""docs/kernel-log.md's XID, SXid and AER tables and the corpus count, generated from the data in
-checks/kernlog/ (the policy every kernel-log check reads) so the doc cannot drift from it.
+"""docs/kernel-log.md's XID, driver-status, SXid and AER tables and the corpus count, generated from
+the data in checks/kernlog/ (the policy every kernel-log check reads) so the doc cannot drift from
+it.
 
     python -m checks.docgen.kernlog            # print the generated sections
     python -m checks.docgen.kernlog --write    # refresh docs/kernel-log.md in place
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 
 from checks.docgen.regions import replace_between
-from checks.kernlog import aer_policy, sxid_policy, xid_policy
+from checks.kernlog import aer_policy, nvstatus_policy, sxid_policy, xid_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "kernel-log.md"
@@ -74,6 +75,22 @@ def aer_table() -> str:
     return "\n".join(rows + roles)
 
 
+def nvstatus_table() -> str:
+    """The remedy kinds, then every status that carries one (the other rows are not judged)."""
+    policy = nvstatus_policy()
+    kinds = ["| remedy | verdict | what the line says | what to do |", "|---|---|---|---|"]
+    for name, kind in policy.remedies.items():
+        if name != "none":
+            kinds.append(f"| {name} | {kind.verdict} | {_cell(kind.meaning)} | {_cell(kind.text)} |")
+    rows = ["| status | code | remedy | why |", "|---|---|---|---|"]
+    for row in sorted(policy.rows.values(), key=lambda r: r.code):
+        if row.remedy != "none":
+            rows.append(f"| `{row.name}` | 0x{row.code:08X} | {row.remedy} | {_cell(row.why)} |")
+    quiet = sum(1 for r in policy.rows.values() if r.remedy == "none")
+    return ("\n".join(kinds) + "\n\n" + "\n".join(rows)
+            + f"\n\nThe other {quiet} statuses of the table are not judged (`remedy: none`).")
+
+
 def corpus_table() -> str:
     entries = corpus()["entries"]
     lines = Counter[str]()
@@ -88,7 +105,8 @@ def corpus_table() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"xid": xid_table, "sxid": sxid_table, "aer": aer_table, "corpus": corpus_table}
+SECTIONS = {"xid": xid_table, "nvstatus": nvstatus_table, "sxid": sxid_table, "aer": aer_table,
+            "corpus": corpus_table}
 
 
 def render(text: str) -> str:

@@ -1,6 +1,6 @@
 """The kernel-log policy as data: what each XID, SXid and PCIe AER severity means for the node.
 
-The tables (xid.yaml, sxid.yaml, aer.yaml) cite their sources per row; this module loads and
+The tables (xid.yaml, sxid.yaml, aer.yaml, nvstatus.yaml) cite their sources per row; this module loads and
 validates them once. The checks in checks/node/suite/kernlog_*.py read them through here, the
 docs' tables are generated from them (checks/docgen/kernlog.py), and a test walks every row.
 """
@@ -136,3 +136,59 @@ def aer_policy() -> AerPolicy:
     return AerPolicy(words=words, uncorrected=uncorrected,
                      severities=[{str(k): str(v) for k, v in r.items()} for r in data["severities"]],
                      sources={str(k): str(v) for k, v in data["sources"].items()})
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    code: int
+    name: str
+    remedy: str  # a key of NvStatusPolicy.remedies; "none": the line is not judged
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Remedy:
+    verdict: str  # FAIL, or PASS for "none"
+    meaning: str  # what a line with such a status says about the GPU
+    text: str
+
+
+@dataclass(frozen=True)
+class NvStatusPolicy:
+    rows: dict[int, StatusRow]
+    by_name: dict[str, StatusRow]
+    remedies: dict[str, Remedy]
+    sources: dict[str, str]
+
+    def judged(self, code: int | None, name: str | None) -> StatusRow | None:
+        """The row of a logged status when it carries a remedy: by name when the line prints a
+        name the table knows (the name is what the driver printed next to the code), else by
+        code; None for statuses that mean nothing for the node and for codes of a newer driver."""
+        row = self.by_name.get(name or "") or (self.rows.get(code) if code is not None else None)
+        return row if row is not None and row.remedy != "none" else None
+
+
+@functools.cache
+def nvstatus_policy() -> NvStatusPolicy:
+    data = _load("nvstatus.yaml")
+    sources = {str(k): str(v) for k, v in data["sources"].items()}
+    remedies = {str(k): Remedy(verdict=str(v["verdict"]), meaning=str(v["meaning"]),
+                               text=str(v["remedy"]))
+                for k, v in data["remedies"].items()}
+    if "none" not in remedies or any(r.verdict != "FAIL" for k, r in remedies.items()
+                                     if k != "none"):
+        raise ValueError("checks/kernlog/nvstatus.yaml: remedies need 'none' and FAIL verdicts")
+    rows: dict[int, StatusRow] = {}
+    by_name: dict[str, StatusRow] = {}
+    for raw in data["statuses"]:
+        row = StatusRow(code=int(raw["code"]), name=str(raw["name"]), remedy=str(raw["remedy"]),
+                        why=str(raw.get("why", "")))
+        where = f"checks/kernlog/nvstatus.yaml: {row.name} (0x{row.code:08X})"
+        if row.remedy not in remedies:
+            raise ValueError(f"{where}: unknown remedy {row.remedy!r}")
+        if row.remedy != "none" and not row.why:
+            raise ValueError(f"{where}: remedy {row.remedy} without a why")
+        if row.code in rows or row.name in by_name:
+            raise ValueError(f"{where}: listed twice")
+        rows[row.code] = by_name[row.name] = row
+    return NvStatusPolicy(rows=rows, by_name=by_name, remedies=remedies, sources=sources)

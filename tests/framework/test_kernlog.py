@@ -570,3 +570,37 @@ def test_aer_pass_needs_the_kernel_to_own_aer(run_cli, tmp_path: Path) -> None:
 def test_requester_ids_decode_to_addresses() -> None:
     assert aers._requester("0000:00:02.0", "0010") == "0000:00:02.0"
     assert aers._requester("10000:e0:06.0", "e100") == "10000:e1:00.0"
+
+
+# --- a root port's uncorrectable line with no source after "received" -----------------------
+# A V100 incident report (a fastllm development note, section "GPU 掉卡") quotes the root port's
+# line without "from <address>"; the recovery lines after it are in the form rwth-i6/returnn#1500
+# shows ("nvidia ...: AER: can't recover (no error_detected callback)", "pcieport ...: AER: device
+# recovery failed"); the AER-enabled line is the form of VMD_AER_ON above, on this port.
+NO_SOURCE_AER = [
+    "[    1.486704] pcieport 0000:00:02.0: AER: enabled with IRQ 146",
+    "[ 9031.002111] pcieport 0000:00:02.0: AER: Multiple Uncorrectable (Non-Fatal) error message "
+    "received",
+    "[ 9031.002955] nvidia 0000:05:00.0: AER: can't recover (no error_detected callback)",
+    "[ 9031.002963] pcieport 0000:00:02.0: AER: device recovery failed"]
+
+
+def test_an_uncorrectable_line_without_a_source_fails_the_gpu_below_the_port(
+        run_cli, tmp_path: Path) -> None:
+    """Before, the line did not match (the pattern needed a source address), so with AER enabled
+    the check passed with "no PCIe AER errors" although recovery failed below the port."""
+    # the healthy node's NVSwitches moved off 0000:05:00.0, the report's GPU
+    scenario = _scenario(tmp_path, NO_SOURCE_AER, gpus={0: "0000:05:00.0"},
+                         nvswitches=["0000:e0:00.0"])
+    (result,) = _check(_run(run_cli, scenario), "pcie-aer")["results"]
+    assert result["status"] == "FAIL" and result["device"]["pci"] == "0000:05:00.0"
+    assert result["details"]["role"] == "upstream" and result["details"]["device"] == "0000:00:02.0"
+    assert result["details"]["recovery_failed"] is True
+    assert result["message"].endswith("1 nonfatal, device recovery failed")
+
+
+def test_an_uncorrectable_line_without_a_source_and_no_gpu_below_warns(run_cli,
+                                                                       tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, NO_SOURCE_AER[:2])
+    (result,) = _check(_run(run_cli, scenario), "pcie-aer")["results"]
+    assert result["status"] == "WARN" and result["details"]["device"] == "0000:00:02.0"

@@ -48,6 +48,8 @@ NEAR_MISSES = {
     "bandwidth line never finished": "nvidia 0000:01:00.0: 1.0 Gb/s available PCIe bandwidth, ",
     "SXid prefix without a code": "nvidia-nvswitch1: SXid (PCI:0000:04:00.0): ",
     "one megabyte of digits as an XID number": "0",
+    "driver status name never followed by its code": "NVRM: [NV_ERR_GPU_IS_LOST] (0x",
+    "RPC failure never giving its status": "NVRM: rpcSendMessage failed with status 0x",
 }
 
 

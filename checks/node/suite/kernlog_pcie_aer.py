@@ -35,9 +35,13 @@ _SEVERITY = "|".join(re.escape(word) for word in sorted(aer_policy().words, key=
 # Root port: "pcieport 0000:00:01.0: AER: Corrected error received: 0000:3b:00.0",
 # "... AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0", older kernels
 # "... AER: Corrected error received: id=0010", newer "... Correctable error message received
-# from 0000:00:00.0".
+# from 0000:00:00.0". A line with no source after "received" ("pcieport 0000:00:02.0: AER: Multiple
+# Uncorrectable (Non-Fatal) error message received", as a V100 incident report quotes it) is the
+# port's own: counted against the port, and the devices named in the recovery after it are below it.
 RECEIVED_RE = re.compile(rf"(?P<port>{BDF}): AER: (?:Multiple )?(?P<sev>{_SEVERITY}) error "
-                         rf"(?:message )?received(?: from)?:? (?:(?P<src>{BDF})|id=(?P<id>{HEX}{{4}}))")
+                         rf"(?:message )?received(?:(?: from)?:? (?:(?P<src>{BDF})|id=(?P<id>{HEX}{{4}})))?")
+# "pcieport 0000:80:1b.4: AER: device recovery failed": the port and what is below it stay broken.
+RECOVERY_FAILED_RE = re.compile(rf"(?P<port>{BDF}): AER: device recovery failed")
 # The device that logged it: "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected,
 # type=Physical Layer, (Receiver ID)" (newer kernels put "AER: " before "PCIe Bus Error").
 BUS_ERROR_RE = re.compile(rf"(?<!\S)(?P<driver>\S{{1,64}}) (?P<dev>{BDF}): (?:AER: )?PCIe Bus "
@@ -82,6 +86,7 @@ class _AerSeen:
                                                              "fatal": 0})
     last: str = ""
     link: str = ""  # a "limited by" line: narrower (or slower) than the device can do
+    recovery_failed: bool = False  # the kernel said "device recovery failed" for this port
 
 
 @dataclass
@@ -96,6 +101,7 @@ def scan_aer(lines: list[str]) -> AerScan:
     scan = AerScan()
     received: list[tuple[str, str, str]] = []  # (source device, kind, line) from root ports
     recovering = ""  # root port of the last uncorrected error: devices named next are below it
+    failed: set[str] = set()  # ports whose recovery failed
     for line in bounded(lines):
         if AER_ON_RE.search(line):
             scan.aer_on = True
@@ -108,11 +114,14 @@ def scan_aer(lines: list[str]) -> AerScan:
             entry.last = line.strip()
         elif (match := RECEIVED_RE.search(line)):
             port = match["port"].lower()
-            src = match["src"].lower() if match["src"] else _requester(port, match["id"])
+            src = (match["src"].lower() if match["src"] else _requester(port, match["id"])
+                   if match["id"] else port)
             if src != port:
                 scan.below[src] = port
             received.append((src, _kind(match["sev"]), line.strip()))
             recovering = port if _kind(match["sev"]) != "corrected" else recovering
+        elif (match := RECOVERY_FAILED_RE.search(line)):
+            failed.add(match["port"].lower())
         elif recovering and (match := BELOW_PORT_RE.search(line)):
             if match["dev"].lower() != recovering:
                 scan.below[match["dev"].lower()] = recovering
@@ -136,6 +145,8 @@ def scan_aer(lines: list[str]) -> AerScan:
             entry = scan.devices.setdefault(src, _AerSeen())
             entry.counts[kind] += 1
             entry.last = entry.last or line
+    for port in failed & set(scan.devices):
+        scan.devices[port].recovery_failed = True
     return scan
 
 
@@ -187,6 +198,8 @@ def pcie_aer(ctx: Context) -> Iterator[Result]:
             details["above"] = concerned.address
         if entry.link:
             details["link"] = entry.link
+        if entry.recovery_failed:
+            details["recovery_failed"] = True
         what = {"gpu": f"GPU {address}", "nvswitch": f"NVSwitch {address}",
                 "upstream": f"PCIe port {address} above "
                             f"{'GPU' if concerned and concerned.is_nvidia_gpu else 'NVSwitch'} "
@@ -195,7 +208,8 @@ def pcie_aer(ctx: Context) -> Iterator[Result]:
         device = (gpu_device(ctx, concerned.address) if concerned and concerned.is_nvidia_gpu
                   else Device(pci=concerned.address if concerned else address,
                               name=None if concerned else entry.driver or None))
-        counted = ", ".join(f"{v} {k}" for k, v in counts.items() if k != "narrow")
+        counted = ", ".join(f"{v} {k}" for k, v in counts.items() if k != "narrow") + (
+            ", device recovery failed" if entry.recovery_failed else "")
         if uncorrected and aer_policy().uncorrected[role] == "FAIL":
             problems += 1
             yield fail(f"uncorrected PCIe error(s) on {what}: {counted}", value=uncorrected,
