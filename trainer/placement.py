@@ -100,9 +100,19 @@ class RankPlan:
     skips: dict[str, str]
 
 
-def one_gpu_reason(job: str) -> str:
-    from trainer.jobs import min_gpus
+# GPUs a job needs on a CUDA host (2 unless listed): `single` trains every GPU of its rank in turn
+# and `throughput` measures whatever world it gets; `hybrid` is 2 pipeline stages x 2 replicas;
+# `dp` is DataParallel over 2 or more GPUs inside one process. Every other job compares, shards
+# or splits across ranks, one per GPU. Kept here, with the placement it decides, and not in
+# trainer.jobs, whose modules import the rank side (trainer.distenv), which imports this module.
+MIN_GPUS = {"single": 1, "throughput": 1, "hybrid": 4}
 
+
+def min_gpus(name: str) -> int:
+    return MIN_GPUS.get(name, 2)
+
+
+def one_gpu_reason(job: str) -> str:
     return f"needs {min_gpus(job)} GPUs, this host has 1"
 
 
@@ -111,7 +121,7 @@ def plan_ranks(jobs: list[str], requested: int | None, preference: str, cuda_cou
     """The supervisor's decision (`python -m trainer`, trainer.launcher.run_jobs without nproc).
 
     A CUDA host with one visible GPU (a one-GPU machine, a MIG slice, CUDA_VISIBLE_DEVICES
-    naming one GPU) runs one rank on it; every job that needs more GPUs (trainer.jobs.min_gpus)
+    naming one GPU) runs one rank on it; every job that needs more GPUs (min_gpus)
     is SKIP "needs 2 GPUs, this host has 1" without a launch. Two ranks sharing the GPU over gloo
     would pass DDP, FSDP or a checkpoint and prove nothing about the node; `--nproc 2
     --share-gpu` still asks for that on purpose. In a multi-node launch a one-GPU node is one
@@ -121,8 +131,6 @@ def plan_ranks(jobs: list[str], requested: int | None, preference: str, cuda_cou
     if not on_cpu and cuda_count == 1 and requested in (None, 1):
         if nnodes > 1:
             return RankPlan(1, False, {})
-        from trainer.jobs import min_gpus
-
         return RankPlan(1, False, {j: one_gpu_reason(j) for j in jobs if min_gpus(j) > 1})
     nproc, shared = choose_nproc(requested, preference, cuda_count, share, exclusive)
     return RankPlan(nproc, shared, {})

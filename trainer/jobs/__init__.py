@@ -19,17 +19,6 @@ JobFn = Callable[["DistEnv", "TrainConfig"], "JobReport | None"]
 ORDER = ("single", "localize", "dp", "ddp", "pipeline", "hybrid", "syncbn",
          "fsdp", "tp", "bf16", "compile", "accum", "loader", "ckpt", "throughput")
 
-# GPUs a job needs on a CUDA host (2 unless listed): `single` trains every GPU of its rank in turn
-# and `throughput` measures whatever world it gets; `hybrid` is 2 pipeline stages x 2 replicas;
-# `dp` is DataParallel over 2 or more GPUs inside one process. Every other job compares, shards
-# or splits across ranks, one per GPU.
-MIN_GPUS = {"single": 1, "throughput": 1, "hybrid": 4}
-
-
-def min_gpus(name: str) -> int:
-    return MIN_GPUS.get(name, 2)
-
-
 # What a job imports only when it runs, too heavy to import again in every rank.
 # Measured with torch 2.13: the compile job imports about 600 modules on its first compile.
 _LAZY = {"compile": ("torch._dynamo", "torch._dynamo.backends.debugging",
