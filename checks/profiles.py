@@ -108,7 +108,10 @@ def validate(data: dict[str, Any], where: str) -> None:
         names = ", ".join(f"{key + '.' if key else ''}{u}" for u in unknown)
         raise ProfileError(f"{where}: unknown key {names} "
                            "(the keys are in checks/schema/profile.schema.json)")
-    raise ProfileError(f"{where}: {key or 'top level'}: {' '.join(error.message.split())[:200]}")
+    # A rule of the schema that says what it asks for (a `description` beside the rule).
+    why = error.schema.get("description") if isinstance(error.schema, dict) else None
+    raise ProfileError(f"{where}: {key or 'top level'}: {' '.join(error.message.split())[:200]}"
+                       + (f" ({why})" if why and error.validator == "required" else ""))
 
 
 def _not_finite(node: Any, where: str = "") -> str | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from checks import profiles
+from checks.hw.measure import busbw
 
 REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_min",
             "driver.min_branch", "ecc.volatile_uncorrected_max", "ecc.volatile_corrected_warn",
@@ -96,3 +98,54 @@ def test_b200_hbm_peak_is_what_the_driver_reports() -> None:
     # 7680-bit bus x 3996 MHz DDR (pytorch/ao PR#4002), not the 8 TB/s of an 8192-bit bus
     assert profiles.load("b200").get("peaks.mem_bw_gbs") == pytest.approx(7680 / 8 * 3996 * 2 / 1000,
                                                                            abs=1)
+
+
+# The size each all-reduce floor's source measured at (the profile comments cite them): Azure's
+# NCCL gates (azurehpc-health-checks conf/*.conf, check_nccl_allreduce ... 16G / 8G) and Azure's
+# GB200 benchmark (-e 8G); B200/B300's figure (NVIDIA/nccl#1807) states none.
+FLOOR_SIZES = {"h100-sxm": 16 << 30, "h200": 16 << 30, "a100-80gb": 16 << 30,
+               "a100-40gb": 8 << 30, "h100-nvl": 16 << 30, "gb200-nvl72": 8 << 30,
+               "gb300-nvl72": 8 << 30, "b200": None, "b300": None}
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_every_allreduce_floor_states_the_size_it_was_published_at(name: str) -> None:
+    """A floor judged at a size its source did not measure at fails healthy nodes (h100-sxm's
+    Azure figure is for 16 GiB; at the sweep's 256 MiB top busbw is lower): each profile file
+    that sets thresholds.allreduce_busbw_gbs states collective.floor_bytes beside it, null only
+    with floor_bytes_unstated saying why."""
+    profile = profiles.load(name)
+    if profile.get("thresholds.allreduce_busbw_gbs") is None:
+        assert name not in FLOOR_SIZES  # no floor: nothing to state
+        return
+    assert profile.get("collective.floor_bytes") == FLOOR_SIZES[name], name
+    raw = yaml.safe_load((profiles.PROFILE_DIR / f"{name}.yaml").read_text())
+    if "allreduce_busbw_gbs" in (raw.get("thresholds") or {}):  # stated in this very file
+        assert "floor_bytes" in (raw.get("collective") or {}), f"{name}: floor_bytes not stated"
+    if FLOOR_SIZES[name] is None:
+        assert "no message size" in profile.get("collective.floor_bytes_unstated"), name
+
+
+@pytest.mark.parametrize("name", [n for n, size in FLOOR_SIZES.items() if size])
+def test_every_floor_size_fits_an_idle_gpu_of_its_model(name: str) -> None:
+    """A verified all-reduce of the floor's size fits the model's memory with 1 GiB taken by the
+    CUDA context and NCCL: else every healthy node of the model would WARN 'could not reach'.
+    (Why a100-40gb's is 8 GiB, as Azure's ND A100 v4 gate: 16 GiB would need 54 GiB.)"""
+    profile = profiles.load(name)
+    free = int((float(profile.get("memory_gib")) - 1) * (1 << 30))
+    assert busbw.max_verified_bytes(free, "all_reduce") >= profile.get("collective.floor_bytes")
+
+
+def test_a_floor_without_its_size_is_a_load_error_naming_the_key() -> None:
+    with pytest.raises(profiles.ProfileError, match=r"x\.yaml: top level: 'collective' is a "
+                                                     r"required property \(.*floor_bytes"):
+        profiles.validate({"thresholds": {"allreduce_busbw_gbs": 400}}, "x.yaml")
+    with pytest.raises(profiles.ProfileError, match=r"'floor_bytes_unstated' is a required"):
+        profiles.validate({"thresholds": {"allreduce_busbw_gbs": 400},
+                           "collective": {"floor_bytes": None}}, "x.yaml")
+    with pytest.raises(profiles.ProfileError, match=r"collective\.floor_bytes: 17 is not a multiple"):
+        profiles.validate({"collective": {"floor_bytes": 17}}, "x.yaml")
+    profiles.validate({"thresholds": {"allreduce_busbw_gbs": 400},
+                       "collective": {"floor_bytes": None,
+                                      "floor_bytes_unstated": "the report gives no message size"}},
+                      "x.yaml")

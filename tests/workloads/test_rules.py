@@ -96,7 +96,8 @@ def test_busbw_floor_says_at_which_size_it_is_judged() -> None:
                   Options(level="quick"))
     threshold = busbw_threshold(ctx, 8)
     assert threshold is not None and threshold.value == 400
-    assert "judged on the peak busbw of sizes up to 256 MiB" in threshold.source
+    # Azure's ND H100 v5 gate, the source that states a size, runs at 16 GiB
+    assert "published at 16 GiB: judged on the peak busbw of sizes up to 16 GiB" in threshold.source
 
 
 def _h200_context() -> Any:
@@ -110,26 +111,27 @@ def _h200_context() -> Any:
 
 def test_h200_floor_is_judged_at_the_size_its_source_measured() -> None:
     """h200's 430 GB/s comes from Azure's gate, which runs all_reduce_perf at 16 GiB only: the
-    sweep that judges it reaches 16 GiB, and the threshold says so; a 4-rank run, judged on a
-    derived floor, keeps the default top (256 MiB)."""
+    sweep's all-reduce that judges it goes on to 16 GiB (the other ops stop at 256 MiB), and the
+    threshold says so; a 4-rank run, judged on a derived floor, keeps the default top."""
     from checks.node.suite.collective import busbw_threshold, gpu_sweep
 
     ctx = _h200_context()
     sweep = dict(ctx.profile.get("collective.sweep_gpu"))
     assert sweep["max_bytes"] == 256 << 20
-    assert gpu_sweep(ctx, sweep, 8)["max_bytes"] == 16 << 30
-    assert gpu_sweep(ctx, sweep, 4)["max_bytes"] == 256 << 20
+    assert gpu_sweep(ctx, sweep, 8)["max_bytes"] == 256 << 20
+    assert gpu_sweep(ctx, sweep, 8)["floor_bytes"] == 16 << 30
+    assert "floor_bytes" not in gpu_sweep(ctx, sweep, 4)
     threshold = busbw_threshold(ctx, 8)
     assert threshold is not None and threshold.value == 430
-    assert "judged on the peak busbw of sizes up to 16384 MiB" in threshold.source
+    assert "published at 16 GiB: judged on the peak busbw of sizes up to 16 GiB" in threshold.source
     derived = busbw_threshold(ctx, 4)
     assert derived is not None and "thresholds.allreduce_busbw_gbs" not in derived.source
 
 
 def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
-    """nccl-allreduce on an 8x H200 node asks its launch for 16 GiB; on 8x H100 SXM, whose floor
-    holds at 256 MiB (the recorded node: 450.9 GB/s there), for 256 MiB; on a GB200 tray for
-    8 GiB."""
+    """nccl-allreduce on an 8x H200 node asks its launch's all-reduce for 16 GiB; on 8x H100 SXM
+    for 16 GiB too (Azure's ND H100 v5 gate; at 256 MiB, the old top, a healthy node is below
+    its 16 GiB figure); on a GB200 tray for 8 GiB."""
     from checks import profiles
     from checks.hw.base import NotSupported
     from checks.hw.fixture import FixtureBackend, load_scenario
@@ -141,7 +143,7 @@ def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
     class Recording(FixtureBackend):
         def workload(self, name: str, **params: Any) -> Any:
             if name == "collectives":
-                asked.append(int(params["sweep"]["max_bytes"]))
+                asked.append(int(params["sweep"].get("floor_bytes") or params["sweep"]["max_bytes"]))
             return super().workload(name, **params)
 
     for scenario, profile in (("field-azure-nd96isr-h200-azurehpc134", "h200"),
@@ -151,4 +153,4 @@ def test_the_collective_launch_sweeps_to_the_floors_size() -> None:
             nccl_allreduce(Context(Recording(load_scenario(scenario)), profiles.load(profile),
                                    Options(level="standard")))
     # gb200-nvl72's tray floor (612) is Azure's ring figure at 8 GB
-    assert asked == [16 << 30, 256 << 20, 8 << 30]
+    assert asked == [16 << 30, 16 << 30, 8 << 30]

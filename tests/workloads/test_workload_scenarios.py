@@ -44,7 +44,7 @@ def test_healthy_figures_follow_the_report_conventions(run_cli: RunCli) -> None:
     checks = by_id(report)
     (col,) = checks["nccl-allreduce"]["results"]
     assert col["device"] is None
-    assert col["details"]["figures"]["allreduce_busbw_gbs"] == pytest.approx(451, abs=1)
+    assert col["details"]["figures"]["allreduce_busbw_gbs"] == pytest.approx(478, abs=1)
     assert set(col["details"]["ops"]) == {"all_reduce", "all_gather", "reduce_scatter",
                                           "broadcast"}
     assert {"bytes", "time_us", "algbw_gbs", "busbw_gbs"} <= set(col["details"]["curve"][0])

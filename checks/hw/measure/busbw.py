@@ -43,6 +43,66 @@ def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     return sizes
 
 
+def op_sizes(op: str, min_bytes: int, max_bytes: int, factor: int = 2,
+             floor_bytes: int | None = None) -> tuple[list[int], list[int]]:
+    """(the sweep's sizes for `op`, the sizes all-reduce goes on to past max_bytes).
+
+    Only all-reduce has a floor published at a size (thresholds.allreduce_busbw_gbs at
+    collective.floor_bytes): it alone goes on, by the same factor, to floor_bytes, which is
+    swept itself even when it is not on the factor's grid."""
+    sizes = sweep_sizes(min_bytes, max_bytes, factor)
+    if op != "all_reduce" or not floor_bytes or floor_bytes <= max_bytes:
+        return sizes, []
+    more = [s for s in sweep_sizes(min_bytes, floor_bytes, factor) if s > max_bytes]
+    if not more or more[-1] != floor_bytes:
+        more.append(floor_bytes)
+    return sizes, more
+
+
+# Message-sized buffers one rank holds while it verifies one swept size
+# (collective_rank.Collectives.verify): all-reduce keeps its input, the reduced output and the
+# reference it is compared with, plus the comparison's mask (1 byte per 4-byte element); the
+# other ops hold at most an output, a reference and an input block (all-to-all: input, output,
+# reference blocks). The timed loop before it holds fewer (input and output at most).
+VERIFY_BUFFERS = {"all_reduce": 3.25, "all_gather": 2.25, "reduce_scatter": 2.25,
+                  "broadcast": 2.25, "all_to_all": 2.5}
+# Beside those buffers: NCCL's own (its channels' buffers and NVLS registrations, some allocated
+# at the first collective of a kind), the CUDA context where free memory is read before it
+# exists, and the caching allocator's rounding. Judgement, not a published figure.
+VERIFY_HEADROOM_BYTES = 2 << 30
+
+
+def max_verified_bytes(free_bytes: int, op: str = "all_reduce") -> int:
+    """The largest message (bytes, a multiple of 4) one rank can run `op` on and verify with
+    `free_bytes` of GPU memory free: free memory (torch.cuda.mem_get_info, NVML v2 `free`), never
+    the total. 0 when not even the headroom is free."""
+    room = int(free_bytes) - VERIFY_HEADROOM_BYTES
+    return max(0, int(room / VERIFY_BUFFERS[op]) // 4 * 4)
+
+
+def human_bytes(size: float) -> str:
+    """1073741824 -> '1 GiB', 268435456 -> '256 MiB', 8000000000 -> '7.45 GiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{int(size)} B"
+
+
+def memory_cut(op: str, sizes: list[int], free_bytes: int | None) -> tuple[list[int], str | None]:
+    """The sizes a verified `op` fits in with `free_bytes` free (the least any rank has), and
+    why the others were left out (None when none was)."""
+    if free_bytes is None:
+        return list(sizes), None
+    cap = max_verified_bytes(free_bytes, op)
+    kept = [s for s in sizes if s <= cap]
+    if len(kept) == len(sizes):
+        return kept, None
+    return kept, (f"{human_bytes(free_bytes)} of GPU memory free on the fullest GPU holds a "
+                  f"verified {op} of at most {human_bytes(cap)} ({VERIFY_BUFFERS[op]:g} "
+                  f"message-sized buffers + {human_bytes(VERIFY_HEADROOM_BYTES)}), not "
+                  f"{human_bytes(max(sizes))}")
+
+
 def elements_for(op: str, size_bytes: int, nranks: int, elem_bytes: int = 4) -> int:
     """Element count of the whole buffer: all-gather/reduce-scatter need a multiple of nranks."""
     count = max(1, size_bytes // elem_bytes)

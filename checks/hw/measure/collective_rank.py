@@ -13,8 +13,14 @@ depends on them: all-to-all (mixture-of-experts token routing; rank r's block j 
 block r on rank j) and the float8 all-gather of float8 FSDP (e4m3 values sent as their bytes,
 as torchao's float8 all-gather does; small integers, exact in e4m3). With --fsdp-elems N,
 reduce-scatter and all-gather are checked once more at N elements (FSDP's message sizes).
-Heartbeat phases (for NODECERT_INJECT): "init", "check OP K", "sweep OP BYTES"; corrupt
+Heartbeat phases (for NODECERT_INJECT): "init", "check OP K", "sweep sizing", "sweep OP BYTES"; corrupt
 injections name the op ("corrupt:1@all_to_all").
+
+How far the sweep goes: every op to --max-bytes, then all-reduce on to --floor-bytes (the size
+the profile's floor is published at). A size is left out when a verified op of that size does
+not fit the GPU memory the fullest rank has free (busbw.max_verified_bytes; --free-bytes bounds
+it further, and alone on CPU), or when rank 0 expects it to end past --deadline or to take longer
+than --step-max-s between two heartbeats; the result's `cut` says which op stopped where and why.
 """
 
 from __future__ import annotations
@@ -71,15 +77,22 @@ class Collectives:
     def _idx(self, start: int, count: int) -> torch.Tensor:
         return torch.arange(start, start + count, device=self.device, dtype=torch.int64)
 
+    def _periodic(self, start: int, count: int) -> torch.Tensor:
+        """(i mod PERIOD) for i in start..start+count, as float32 built from one period: one
+        buffer of the message's size, where int64 indices would need two more of twice its size
+        (a 16 GiB all-reduce would not fit an 80 GB GPU)."""
+        phase = start % PERIOD
+        period = torch.arange(PERIOD, device=self.device, dtype=torch.float32)
+        return period.repeat(-(-(phase + count) // PERIOD))[phase:phase + count]
+
     def pattern(self, src: int, k: int, start: int, count: int) -> torch.Tensor:
         """What rank `src` contributes at iteration k for elements start..start+count."""
-        return ((src + 1) * _scale(k) + self._idx(start, count) % PERIOD).to(torch.float32)
+        return self._periodic(start, count).add_((src + 1) * _scale(k))
 
     def reduced(self, k: int, start: int, count: int) -> torch.Tensor:
-        """The exact sum of every rank's pattern."""
+        """The exact sum of every rank's pattern (integers below 2**24: exact in float32)."""
         n = self.n
-        return (_scale(k) * n * (n + 1) // 2 + n * (self._idx(start, count) % PERIOD)).to(
-            torch.float32)
+        return self._periodic(start, count).mul_(n).add_(_scale(k) * n * (n + 1) // 2)
 
     def _input(self, op: str, src: int, k: int, count: int, corrupt: bool) -> torch.Tensor:
         x = self.pattern(src, k, 0, count)
@@ -237,21 +250,81 @@ def correctness(c: Collectives, rank: Rank, op: str, iters: int, count: int) -> 
     return []
 
 
+class Pace:
+    """When the sweep stops for time. Rank 0 alone decides, from its own clock (ranks on other
+    hosts may disagree on the time), and every rank learns it in the all-reduce that already
+    sums each size's figures: so all ranks run the same sizes.
+
+    The next size is expected to take as long as the last one did (its wall time, timing and
+    verification) times the ratio of their sizes; it is skipped when that would end past
+    `deadline` (time.time() seconds) or take longer than `step_max_s` (a heartbeat comes once a
+    size: a longer step looks like a hang to the launcher)."""
+
+    def __init__(self, deadline: float | None = None, step_max_s: float | None = None) -> None:
+        self.deadline = deadline
+        self.step_max_s = step_max_s
+        self.last: tuple[int, float] | None = None  # (bytes, wall seconds) of the last size
+        self.stopped: str | None = None
+
+    def veto(self, size: int) -> str | None:
+        """Why `size` should not be run (rank 0's view), or None."""
+        if self.last is None or (self.deadline is None and self.step_max_s is None):
+            return None
+        expect = self.last[1] * size / max(self.last[0], 1)
+        if self.step_max_s is not None and expect > self.step_max_s:
+            return (f"{busbw.human_bytes(size)} would take about {expect:.0f} s, longer than the "
+                    f"{self.step_max_s:g} s a step may go without a heartbeat")
+        left = None if self.deadline is None else self.deadline - time.time()
+        if left is not None and expect > left:
+            return (f"{busbw.human_bytes(size)} would take about {expect:.0f} s, with "
+                    f"{max(left, 0):.0f} s left before the launch's deadline")
+        return None
+
+
 def sweep(c: Collectives, rank: Rank, op: str, sizes: list[int], warmup: int,
-          iters: int) -> list[dict[str, Any]]:
-    rows = []
+          iters: int, pace: Pace | None = None) -> list[dict[str, Any]]:
+    """Time and verify `op` at each size; with `pace`, stop where it says (pace.stopped)."""
+    rows: list[dict[str, Any]] = []
     corrupt = rank.should_corrupt(op)
+    if pace is not None and pace.last is not None and sizes:  # the first size, from the last run
+        first = pace.veto(sizes[0]) if c.me == 0 else None
+        if _flag(float(first is not None), c.device, dist.ReduceOp.MAX):
+            pace.stopped = first or "rank 0 expected the next size to run out of time"
+            return rows
     for k, size in enumerate(sizes):
         count = busbw.elements_for(op, size, c.n)
         rank.beat(f"sweep {op} {count * 4}")
+        t0 = time.perf_counter()
         seconds = c.timed(op, count, warmup, iters)
         wrong, _errors, _ = c.verify(op, k, count, corrupt)
-        total = torch.tensor([seconds, float(wrong)], device=c.device, dtype=torch.float64)
+        stop = None
+        if pace is not None:
+            pace.last = (count * 4, time.perf_counter() - t0)
+            stop = pace.veto(sizes[k + 1]) if c.me == 0 and k + 1 < len(sizes) else None
+        total = torch.tensor([seconds, float(wrong), float(stop is not None)], device=c.device,
+                             dtype=torch.float64)
         dist.all_reduce(total)
         rows.append(busbw.complete_row(op, {
             "bytes": count * 4, "count": count, "time_us": total[0].item() / c.n * 1e6,
             "wrong": int(total[1].item())}, c.n))
+        if pace is not None and total[2].item():
+            # every rank records it; rank 0's text is the one reported
+            pace.stopped = stop or "rank 0 expected the next size to run out of time"
+            break
     return rows
+
+
+def free_memory(c: Collectives, bound: int | None) -> int | None:
+    """The least GPU memory free on any rank (bytes), after the checks' buffers went back to
+    the driver, bounded by `bound` (the caller's --free-bytes); on CPU only that bound."""
+    if c.device.type != "cuda":
+        return bound
+    torch.cuda.empty_cache()
+    free = float(torch.cuda.mem_get_info(c.device)[0])
+    least = torch.tensor([min(free, float(bound)) if bound else free], device=c.device,
+                         dtype=torch.float64)  # float32 would round tens of GB by KiBs
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    return int(least.item())
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -268,6 +341,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="collectives checked exactly but not swept")
     p.add_argument("--fsdp-elems", type=int, default=0,
                    help="also check reduce-scatter and all-gather once at this many elements")
+    p.add_argument("--floor-bytes", type=int, default=0,
+                   help="all-reduce goes on past --max-bytes to this size (the floor's size)")
+    p.add_argument("--free-bytes", type=int, default=0,
+                   help="size the sweep as if at most this much memory were free per rank")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="time.time() by which rank 0 wants the sweep done (0: none)")
+    p.add_argument("--step-max-s", type=float, default=0.0,
+                   help="longest a size may take between two heartbeats (0: no limit)")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--pg-timeout-s", type=float, default=300.0)
     return p.parse_args(argv)
@@ -318,8 +399,30 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
                 errors += correctness(c, rank, op, 1, fsdp_count)
                 fsdp[op] = fsdp_count
         t2 = time.perf_counter()
-        sizes = busbw.sweep_sizes(args.min_bytes, args.max_bytes, args.factor)
-        curves = {op: sweep(c, rank, op, sizes, args.warmup, args.iters) for op in ops}
+        rank.beat("sweep sizing")
+        free = free_memory(c, args.free_bytes or None)
+        pace = Pace(args.deadline or None, args.step_max_s or None)
+        curves: dict[str, list[dict[str, Any]]] = {}
+        more: dict[str, list[int]] = {}
+        cut: dict[str, str] = {}
+        for op in ops:
+            sizes, more[op] = busbw.op_sizes(op, args.min_bytes, args.max_bytes, args.factor,
+                                             args.floor_bytes or None)
+            sizes, why = busbw.memory_cut(op, sizes, free)
+            curves[op] = sweep(c, rank, op, sizes, args.warmup, args.iters, pace)
+            reason = why or pace.stopped
+            if reason:
+                cut[op] = reason
+                pace.stopped = None
+        # then all-reduce on to the floor's size, with the time the other ops left
+        for op, sizes in more.items():
+            if not sizes or op in cut:
+                continue
+            fitting, why = busbw.memory_cut(op, sizes, free)
+            curves[op] += sweep(c, rank, op, fitting, args.warmup, args.iters, pace)
+            reason = why or pace.stopped
+            if reason:
+                cut[op] = reason
         t3 = time.perf_counter()
     finally:
         dist.destroy_process_group()
@@ -339,7 +442,9 @@ def body(rank: Rank, argv: list[str] | None = None) -> dict[str, Any]:
         result.update(backend=backend, world_size=c.n, dtype="float32", ops=curves,
                       table="\n\n".join(tables), check_iters=args.check_iters,
                       check_elems=count, exact_ops=exact, exact_skipped=skipped,
-                      fsdp_checked=fsdp, phase_s={"init": round(t1 - t0, 3),
+                      fsdp_checked=fsdp, free_bytes=free, cut=cut,
+                      asked_bytes={op: max([args.max_bytes, *more.get(op, [])]) for op in ops},
+                      phase_s={"init": round(t1 - t0, 3),
                                                   "correctness": round(t2 - t1, 3),
                                                   "sweep": round(t3 - t2, 3)})
     return result

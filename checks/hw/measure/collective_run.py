@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ RANK_MODULE = "checks.hw.measure.collective_rank"
 DEBUG_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG",
                       "TORCH_CPP_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 SWEEP_KEYS = ("min_bytes", "max_bytes", "factor", "warmup", "iters", "check_iters", "check_elems",
-              "fsdp_elems")
+              "fsdp_elems", "floor_bytes", "free_bytes")
+# The sweep is paced to end this long before the launch's hard timeout (a fraction of it, at
+# least DEADLINE_MARGIN_MIN_S): the ranks still tear down NCCL and write their results after it.
+DEADLINE_MARGIN_FRACTION = 0.1
+DEADLINE_MARGIN_MIN_S = 10.0
 
 
 def debug_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -33,9 +38,15 @@ def debug_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def rank_args(sweep: Mapping[str, Any], *, backend: str, pg_timeout_s: float,
-              ops: list[str] | None = None) -> list[str]:
-    args = [f"--{k.replace('_', '-')}={int(sweep[k])}" for k in SWEEP_KEYS if k in sweep]
+              ops: list[str] | None = None, deadline: float | None = None,
+              step_max_s: float | None = None) -> list[str]:
+    args = [f"--{k.replace('_', '-')}={int(sweep[k])}" for k in SWEEP_KEYS
+            if sweep.get(k) is not None]
     args += [f"--backend={backend}", f"--pg-timeout-s={pg_timeout_s:g}"]
+    if deadline is not None:
+        args.append(f"--deadline={deadline:.3f}")
+    if step_max_s is not None:
+        args.append(f"--step-max-s={step_max_s:g}")
     if ops:
         args.append(f"--ops={','.join(ops)}")
     return args
@@ -61,7 +72,12 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
     rdzv_endpoint (HOST:PORT) and one rdzv_id (torchrun's c10d rendezvous)."""
     own_dir = workdir is None
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nodecert-collective-"))
-    args = rank_args(sweep, backend=backend, pg_timeout_s=timeout_s, ops=ops)
+    # The sweep stops for time before the launcher kills it: by a deadline inside timeout_s, and
+    # before a size that would keep a rank silent for half the stall limit.
+    margin = max(DEADLINE_MARGIN_MIN_S, DEADLINE_MARGIN_FRACTION * timeout_s)
+    args = rank_args(sweep, backend=backend, pg_timeout_s=timeout_s, ops=ops,
+                     deadline=time.time() + max(timeout_s - margin, 0.0),
+                     step_max_s=stall_s / 2 if stall_s else None)
     try:
         outcome = launch.launch(RANK_MODULE, args, nproc=nproc, timeout_s=timeout_s,
                                 stall_s=stall_s, start_timeout_s=start_timeout_s,
@@ -91,6 +107,10 @@ def run(*, nproc: int, sweep: Mapping[str, Any], backend: str = "auto", timeout_
         "check_iters": rank0.get("check_iters"), "check_elems": rank0.get("check_elems"),
         "exact_ops": rank0.get("exact_ops", []), "exact_skipped": rank0.get("exact_skipped", {}),
         "fsdp_checked": rank0.get("fsdp_checked", {}),
+        # how far the sweep went: the least free GPU memory of any rank, the top size asked per
+        # op and, for an op that stopped short of it, why
+        "free_bytes": rank0.get("free_bytes"), "asked_bytes": rank0.get("asked_bytes", {}),
+        "cut": rank0.get("cut", {}),
         "phase_s": rank0.get("phase_s"),
         "command": " ".join(outcome.command), "workdir": str(work),
         "log_tail": "" if outcome.ok else outcome.log_tail,

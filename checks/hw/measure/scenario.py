@@ -155,15 +155,29 @@ def _digest(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) ->
 
 
 def _collectives(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any]) -> Any:
-    """ops: {op: [[bytes, busbw_gbs], ...] or [{bytes, time_us|algbw_gbs|busbw_gbs}]}."""
+    """ops: {op: [[bytes, busbw_gbs], ...] or [{bytes, time_us|algbw_gbs|busbw_gbs}]}.
+
+    As the rank program would: rows past the sizes the sweep asks for (max_bytes; all-reduce
+    floor_bytes) are not measured, nor those a verified op does not fit in `free_bytes` (the
+    least GPU memory any rank had free); `cut` (a recording's) is kept."""
     n = int(raw.get("world_size", params.get("nproc", len(gpus))))
     backend = str(raw.get("backend", "nccl"))
-    ops = {}
+    sweep = params.get("sweep") or {}
+    free = raw.get("free_bytes")
+    ops, cut, asked = {}, dict(raw.get("cut") or {}), {}
     for op, rows in (raw.get("ops") or {}).items():
         full = [busbw.complete_row(op, {"bytes": r[0], "busbw_gbs": r[1]} if isinstance(r, list)
                                    else r, n) for r in rows]
         for r in full:
             r.setdefault("count", int(r["bytes"]) // 4)
+        if sweep.get("max_bytes"):
+            floor = sweep.get("floor_bytes") if op == "all_reduce" else None
+            asked[op] = max(int(sweep["max_bytes"]), int(floor or 0))
+            full = [r for r in full if int(r["bytes"]) <= asked[op]]
+            _, why = busbw.memory_cut(op, [asked[op]], None if free is None else int(free))
+            if why:
+                full = [r for r in full if int(r["bytes"]) <= busbw.max_verified_bytes(int(free), op)]
+                cut.setdefault(op, why)
         ops[op] = full
     table = "\n\n".join(busbw.format_table(op, rows, nranks=n, backend=backend)
                         for op, rows in ops.items())
@@ -176,6 +190,7 @@ def _collectives(raw: Any, gpus: list[tuple[int, str]], params: Mapping[str, Any
             "errors": list(raw.get("errors") or []), "ops": ops if not failure else {},
             "table": table if not failure else "", "check_iters": 20, "check_elems": 1 << 20,
             "env": dict(raw.get("env") or {}), "command": "(scenario)", "log_tail": "",
+            "free_bytes": free, "asked_bytes": asked, "cut": cut,
             "nccl_log": raw.get("nccl_log")}  # NCCL INFO text, read by nccl-transport
 
 
