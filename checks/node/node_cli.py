@@ -17,10 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING, Any, TextIO
 
 from checks import cliutil, profiles, render
 from checks import report_schema as report
@@ -29,8 +26,11 @@ from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
 from checks.model import CheckOutcome
 from checks.node import budget, expectations, registry, runner, watchdog
 from checks.node.context import Context, Options
-from checks.render import terminal
 from checks.supervise import procs
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 EXIT_USAGE = 2
 
@@ -213,6 +213,33 @@ def gpu_firmware(hw: Backend) -> list[dict[str, Any]] | None:
     return found
 
 
+class PlainConsole:
+    """What a `-q` run prints (one-line errors, `--list`) without rich: rich's console and
+    progress cost ~3 MB and ~30 ms, and a quiet run (the Slurm health check, cron) shows neither
+    (issue 47: the quick level within 30 MB resident)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.stream.isatty()
+
+    def print(self, text: str = "", **_style: Any) -> None:
+        self.stream.write(f"{text}\n")
+        self.stream.flush()
+
+
+def consoles(quiet: bool) -> tuple[Any, Any]:
+    """(stdout, stderr) consoles: rich's, or PlainConsole for a quiet run."""
+    if quiet:
+        return PlainConsole(sys.stdout), PlainConsole(sys.stderr)
+    from rich.console import Console
+
+    return (Console(emoji=False, highlight=False),
+            Console(stderr=True, emoji=False, highlight=False))
+
+
 def _progress_listener(progress: Progress, total: int) -> runner.Listener:
     task = progress.add_task("checks", total=total)
 
@@ -329,6 +356,8 @@ def _run_checks(selected: list[Any], ctx: Context, args: argparse.Namespace, err
     if args.quiet:
         return watchdog.run(selected, ctx, deadline=deadline)
     if err.is_terminal:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
         with Progress(SpinnerColumn(), TextColumn("{task.description:24}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
@@ -348,6 +377,8 @@ def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, console: Conso
         if getattr(args, kind):
             render.write(kind, [doc], getattr(args, kind))
     if not args.quiet and args.json != "-":
+        from checks.render import terminal
+
         terminal.render(doc, console, verbose=args.verbose)
 
 
@@ -428,8 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cliutil.parse(build_parser(), argv)
     if isinstance(args, int):
         return args
-    console = Console(emoji=False, highlight=False)
-    err = Console(stderr=True, emoji=False, highlight=False)
+    console, err = consoles(args.quiet)
     try:
         return run(args, console, err, started)
     except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
