@@ -1,5 +1,13 @@
 # Thin wrappers; the logic lives in checks/, trainer/ and playbooks/.
 PYTHON    ?= python3
+# A node the pytorch role provisioned has its venv (the role's pytorch_venv): `make verify` and
+# `make torch-build` of that node run from it as it is, unless VENV is given.
+PROVISIONED_VENV ?= $(shell sed -n 's/^pytorch_venv: *//p' playbooks/roles/pytorch/defaults/main.yml)
+ifeq ($(origin VENV)$(INVENTORY)$(filter-out verify torch-build,$(MAKECMDGOALS)),undefined)
+ifneq ($(and $(MAKECMDGOALS),$(wildcard $(PROVISIONED_VENV)/bin/python)),)
+VENV := $(PROVISIONED_VENV)
+endif
+endif
 VENV      ?= .venv
 INVENTORY ?=
 LEVEL     ?= standard
@@ -7,8 +15,8 @@ ARGS      ?=
 # pytest workers of `make test` (0: in one process)
 TEST_JOBS ?= 2
 # `make test` pins the torch the nodes get (the pytorch role's pytorch_torch_version, written
-# once there); here its CPU build installs from local disk. A GPU host passes
-# VENV=/opt/nodecert/venv (made by the pytorch role) and nothing is installed into it.
+# once there); its build is this host's (torch-venv below): here the CPU build, from local disk.
+# A VENV other than .venv (the provisioned one included) is used as it is: nothing is installed.
 TORCH_VERSION := $(shell sed -n 's/^pytorch_torch_version: *"\(.*\)"/\1/p' playbooks/roles/pytorch/defaults/main.yml)
 TORCH_PIN ?= torch==$(TORCH_VERSION)
 
@@ -17,9 +25,10 @@ RUN_DEPS := $(VENV)/.stamp-run
 DEV_DEPS := $(VENV)/.stamp-dev
 endif
 
-.PHONY: venv verify test system-deps lint provision inventory-exists bench clean gpu-proof
+.PHONY: venv verify test system-deps lint provision inventory-exists bench clean gpu-proof \
+	torch-build torch-venv
 
-$(VENV)/.stamp-run: pyproject.toml
+$(VENV)/.stamp-run: pyproject.toml | torch-venv
 	"$$PYTHON" -m venv "$$VENV" && "$$VENV/bin/python" -m pip install -q "$$TORCH_PIN" -e .
 	touch $@
 
@@ -28,6 +37,18 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	touch $@
 
 venv: $(RUN_DEPS) $(DEV_DEPS)
+
+# The torch build this host runs (checks/devtools/torchbuild.py: the pytorch role's choice from
+# the loaded driver and the GPUs, the CPU build without a driver), one line saying which and why;
+# `make torch-build` installs nothing.
+torch-build:
+	@"$$PYTHON" -m checks.devtools.torchbuild --pin "$$TORCH_PIN" $(if $(RUN_DEPS),--venv,--use-venv) "$$VENV"
+
+# That build goes into the venv before anything else (the pins below name the release only, so
+# pip keeps it), and again when the choice changes (a driver installed since): it runs on every
+# use of .venv and installs only when the venv lacks the build.
+torch-venv:
+	@"$$PYTHON" -m checks.devtools.torchbuild --pin "$$TORCH_PIN" --venv "$$VENV" --install
 
 # The user's values reach the recipes as environment variables, never pasted into the shell
 # command: `LEVEL='quick;touch /tmp/p'` is a bad level (exit 2), not a second command. ARGS is

@@ -1,2 +1,3 @@
-"""Tools for the tests, benchmarks and docs, not the product (synthetic fleets of reports).
+"""Tools for the tests, benchmarks, docs and `make`, not the product (synthetic fleets of reports,
+the torch build `make verify` installs).
 The wheel the nodes install leaves this package out, with checks.docgen (pyproject.toml)."""

@@ -1,9 +1,11 @@
 """The torch pin and the CUDA build of torch each node gets, written once.
 
 The pytorch role pins pytorch_torch_version and, with pytorch_cuda_version "auto", picks the torch
-build from PyTorch's release matrix (playbooks/roles/pytorch/vars/main.yml): the newest CUDA
-build the driver branch runs that carries every GPU of the node. These tests render the role's
-own variables with Ansible's templating and its filter plugin, as a play does.
+build from PyTorch's release matrix (playbooks/roles/pytorch/vars/torch_releases.json): the newest
+CUDA build the driver branch runs that carries every GPU of the node. These tests render the role's
+own variables with Ansible's templating and its filter plugin, as a play does. `make verify`
+(checks/devtools/torchbuild.py) makes the same choice from the same plugin and table for the host
+it runs on; a test here holds the two to each other.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import pytest
 import yaml
 from e2elib import roletemplate
 
+from checks.devtools import torchbuild
+
 pytestmark = pytest.mark.e2e
 
 ROLES = roletemplate.ROLES
 GENERIC_PROFILE = ROLES.parents[1] / "checks" / "profiles" / "generic.yaml"
+MATRIX = torchbuild.plugin().release_matrix()
 
 # The python3 of each release the playbooks provision or the node checks verify
 # (shared/notes/releases.md: jammy 3.10, noble 3.12, resolute 3.14.3; Debian 12 ships 3.11).
@@ -38,9 +43,8 @@ def cuda(gpus: list[str], branch: str | None = "580", machine: str = "x86_64", *
 
 
 def test_every_release_the_node_checks_know_has_a_python_the_pin_has_wheels_for() -> None:
-    variables = roletemplate.role_variables("pytorch")
-    pin = str(variables["pytorch_torch_version"])
-    row = variables["_pytorch_releases"][".".join(pin.split(".")[:2])]
+    pin = str(roletemplate.role_variables("pytorch")["pytorch_torch_version"])
+    row = MATRIX["releases"][".".join(pin.split(".")[:2])]
     known = yaml.safe_load(GENERIC_PROFILE.read_text())["host"]["supported_os"]
     for os_id, versions in known.items():
         for version in versions:
@@ -112,17 +116,43 @@ def test_a_release_outside_the_table_says_so() -> None:
 
 
 def test_the_driver_minimums_are_the_node_checks_own() -> None:
-    variables = roletemplate.role_variables("pytorch")
     table = yaml.safe_load(GENERIC_PROFILE.read_text())["cuda"]["minor_compat_min_driver"]
-    for major, branch in variables["_pytorch_cuda_major_min_driver"].items():
+    for major, branch in MATRIX["cuda_major_min_driver"].items():
         assert int(str(table[major]).split(".")[0]) == int(branch), major
 
 
 def test_every_architecture_in_the_table_is_one_preflight_names() -> None:
     names = {a["name"] for a in roletemplate.role_variables("preflight")["_preflight_gpu_architectures"]}
-    for release, row in roletemplate.role_variables("pytorch")["_pytorch_releases"].items():
+    for release, row in MATRIX["releases"].items():
         for build in row["cuda"]:
             for machine in ("x86_64", "aarch64"):
                 assert set(build[machine]) <= names, (release, build["cuda"], machine)
 
 
+
+
+# The compute capability of a GPU of each architecture the table names (Grace Hopper's is Hopper's).
+CAPABILITY = {"Maxwell": "5.2", "Pascal": "6.0", "Volta": "7.0", "Turing": "7.5", "Ampere": "8.0",
+              "Ada Lovelace": "8.9", "Hopper": "9.0", "Grace Hopper": "9.0", "Blackwell": "10.0"}
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+@pytest.mark.parametrize("branch", ["535", "550", "570", "580", "590"])
+def test_make_verify_chooses_the_build_the_role_chooses(branch: str, machine: str) -> None:
+    """For every architecture the table names, driver branch and machine: the role's choice for a
+    node and `make verify`'s for a host with that driver and GPU are the same build, or both none."""
+    from ansible.errors import AnsibleError
+
+    for architecture, capability in CAPABILITY.items():
+        if architecture == "Grace Hopper" and machine != "aarch64":
+            continue  # the Grace CPU is aarch64
+        host = torchbuild.Host(machine, driver=f"{branch}.10.01", capabilities=(capability,))
+        try:
+            role = "cu" + cuda([architecture], branch=branch, machine=machine).replace(".", "")
+        except AnsibleError:
+            role = None
+        try:
+            ours: str | None = torchbuild.choose(host, "2.13.0").build
+        except torchbuild.ChoiceError:
+            ours = None
+        assert ours == role, (architecture, branch, machine)
