@@ -39,6 +39,8 @@ CASES = [
     Case("node-h100-pcie"),
     Case("node-h100-nvl-pair"),
     Case("node-h200-nvl"),
+    # Cards paired by NVLink bridges (nccl-tests#178); nccl-transport per pair: test_nccl_transport_pairs.
+    Case("node-a100-pcie-8x-bridged-pairs"),
     Case("node-gh200-480gb-ogkm911"),
     # Faulty variants.
     # XID 94 is a contained error (catalog: RESTART_APP): it warns; the ECC and remap checks fail.

@@ -13,7 +13,9 @@ from checks.model import Result, error, fail, passed, skip, warn
 from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.registry import check
+from checks.node.suite import p2p
 from checks.node.suite.fabric_links import active_ports, rdma_of
+from checks.node.topology import NVLINK
 
 # name -> (values that hurt (lowercase), status, why)
 NCCL_ENV_RULES: dict[str, tuple[tuple[str, ...], str, str]] = {
@@ -98,14 +100,61 @@ def nccl_env(ctx: Context) -> list[Result]:
 
 
 # --- Proof of transport ---------------------------------------------------------------------
+RankPair = tuple[int, int]  # (lower rank, higher rank)
+
+
 @dataclass(frozen=True)
 class TransportExpectation:
     """What the node says NCCL should have used."""
 
     cross_host: bool
     rdma_up: tuple[str, ...]  # ACTIVE RDMA ports ("mlx5_0:1")
-    nvlink: bool  # the GPUs have active NVLinks: in-node traffic must be P2P
+    nvlink: bool  # the GPUs have active NVLinks: in-node traffic must be P2P (every pair)
     nvls: bool  # NVSwitch + Hopper or later: NVLS expected
+    # Per pair of in-node ranks, where the GPUs are not joined through NVSwitches: the pairs
+    # NVLink joins (bridges, a direct board: P2P expected) and the pairs only PCIe joins (SHM or
+    # P2P, as NCCL picks by the path). None: every pair as `nvlink` says. A pair in neither
+    # set could not be told (no NVLink peer named by NVML).
+    nvlink_pairs: frozenset[RankPair] | None = None
+    pcie_pairs: frozenset[RankPair] = frozenset()
+    labels: tuple[str, ...] = ()  # rank -> its GPU ("GPU3"), where known
+
+
+def _peers_named(place: Any) -> bool:
+    """NVML says where this GPU's NVLinks go (a remote PCI address, the driver's NVLink P2P
+    peers, a fabric clique or a switch)."""
+    return bool(place.nvlink_remotes or place.nvlink_p2p or place.fabric_clique
+                or place.nvlink_to_switch)
+
+
+def rank_paths(ctx: Context) -> tuple[frozenset[RankPair], frozenset[RankPair],
+                                      tuple[str, ...]]:
+    """NVLink pairs and PCIe pairs of the ranks of a launch on this host: rank r runs on
+    visible GPU r (one rank per GPU in CUDA order, checks/hw/visible.py launch_gpus), and each
+    pair is classed as p2p-bandwidth classes it (checks/node/topology.py). Two GPUs whose links
+    NVML names no peer for are an NVLink pair when they are the only GPUs of the node with
+    active links (a bridge joins two cards); otherwise their pair is left unknown."""
+    gpus = plan.visible_gpus(ctx)
+    pcis = [g.device.pci for g in gpus]
+    if not gpus or not all(pcis):
+        return frozenset(), frozenset(), ()
+    lay = p2p.layout(ctx, {"count": len(gpus), "pci": pcis})
+    try:
+        linked = [g for g in ctx.gpus if not g.lost and plan.nvlinks_up(g)]
+    except HardwareError:
+        linked = []
+    nvlink, pcie = set(), set()
+    for (i, j), cls in lay.classes().items():
+        if i > j:
+            continue
+        a, b = lay.places[i], lay.places[j]
+        if cls == NVLINK:
+            nvlink.add((i, j))
+        elif not (a.nvlinks_active and b.nvlinks_active) or _peers_named(a) or _peers_named(b):
+            pcie.add((i, j))
+        elif len(linked) == 2:
+            nvlink.add((i, j))
+    return frozenset(nvlink), frozenset(pcie), tuple(lay.labels)
 
 
 def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
@@ -128,7 +177,58 @@ def expectation(ctx: Context, cross_host: bool) -> TransportExpectation:
     switched = plan.nvswitch_system(ctx, gpus)
     nvls = switched and cc is not None and tuple(cc) >= tuple(
         int(x) for x in cc_min.split("."))
-    return TransportExpectation(cross_host, up, nvlink, nvls)
+    if switched or not nvlink or cross_host:
+        return TransportExpectation(cross_host, up, nvlink, nvls)
+    # Bridged cards (H100/H200 NVL, A100 PCIe pairs) or a direct board: judged pair by pair.
+    pairs, pcie, labels = rank_paths(ctx)
+    return TransportExpectation(cross_host, up, nvlink, nvls, pairs, pcie, labels)
+
+
+def _pair(c: Any) -> RankPair:
+    return (min(c.src, c.dst), max(c.src, c.dst))
+
+
+def _pair_names(pairs: list[RankPair], labels: tuple[str, ...]) -> str:
+    def name(rank: int) -> str:
+        return f"rank {rank} ({labels[rank]})" if rank < len(labels) else f"rank {rank}"
+
+    shown = ", ".join(f"{name(a)} - {name(b)}" for a, b in pairs[:6])
+    return shown + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+
+
+def _in_node(log: NcclLog, exp: TransportExpectation,
+             details: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """In-node connections over SHM (or NET) where NVLink should carry them: the problems,
+    and a note for pairs whose path could not be told."""
+    problems: list[str] = []
+    notes: list[str] = []
+    in_node_other = [c for c in log.connections
+                     if c.transport == "SHM" or (c.transport == "NET" and not exp.cross_host)]
+    unknown: list[Any] = []
+    if exp.nvlink_pairs is None:
+        on_nvlink = in_node_other if exp.nvlink else []
+    else:
+        on_nvlink = [c for c in in_node_other if _pair(c) in exp.nvlink_pairs]
+        unknown = [c for c in in_node_other
+                   if _pair(c) not in exp.nvlink_pairs and _pair(c) not in exp.pcie_pairs]
+        details["expected"]["nvlink_pairs"] = sorted(exp.nvlink_pairs)
+        details["expected"]["pcie_pairs"] = sorted(exp.pcie_pairs)
+    if on_nvlink and exp.nvlink_pairs is None:
+        kinds_bad = sorted({c.kind for c in on_nvlink})
+        problems.append(f"in-node traffic via {', '.join(kinds_bad)} although the GPUs have "
+                        "NVLink: P2P is disabled (NCCL_P2P_DISABLE / NCCL_P2P_LEVEL) or broken")
+    elif on_nvlink:
+        kinds_bad = sorted({c.kind for c in on_nvlink})
+        pairs = sorted({_pair(c) for c in on_nvlink})
+        problems.append(f"in-node traffic via {', '.join(kinds_bad)} between "
+                        f"{_pair_names(pairs, exp.labels)}, whose GPUs NVLink joins: P2P is "
+                        "disabled (NCCL_P2P_DISABLE / NCCL_P2P_LEVEL) or the bridge is broken")
+    if unknown:
+        pairs = sorted({_pair(c) for c in unknown})
+        notes.append(f"{sorted({c.kind for c in unknown})[0]} between "
+                     f"{_pair_names(pairs, exp.labels)}: NVML names no NVLink peer of these "
+                     "GPUs, so whether a bridge joins them is unknown")
+    return problems, notes
 
 
 def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
@@ -148,13 +248,8 @@ def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
     kinds = log.kinds
     summary = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
     version = f"NCCL {log.versions[0]}: " if log.versions else ""
-    problems, notes = [], []
-    in_node_other = [c for c in log.connections
-                     if c.transport == "SHM" or (c.transport == "NET" and not exp.cross_host)]
-    if exp.nvlink and in_node_other:
-        kinds_bad = sorted({c.kind for c in in_node_other})
-        problems.append(f"in-node traffic via {', '.join(kinds_bad)} although the GPUs have "
-                        "NVLink: P2P is disabled (NCCL_P2P_DISABLE / NCCL_P2P_LEVEL) or broken")
+    problems, notes = _in_node(log, exp, details)
+    unknown = bool(notes)
     if exp.cross_host:
         sockets = log.socket
         if not log.net:
@@ -179,6 +274,11 @@ def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
         return fail(f"{version}{'; '.join(problems)} [{summary}]", value=kinds, details=details,
                     remedy="see gpudirect-rdma, rdma-ports and nccl-env; the NCCL INFO lines "
                            "'NET/IB : Using', 'Using network' and 'GPU Direct RDMA' say why")
+    if unknown:
+        return warn(f"{version}{'; '.join(notes)} [{summary}]", value=kinds, details=details,
+                    remedy="nvidia-smi topo -m shows NV# for a bridged pair: a bridged pair "
+                           "over SHM means P2P is disabled or the bridge is broken (see nvlink, "
+                           "p2p-bandwidth and nccl-env)")
     if notes and exp.nvls and log.nvls_used is False:
         return warn(f"{version}{'; '.join(notes)} [{summary}]", value=kinds, details=details,
                     remedy="NVLS needs Fabric Manager, CUDA >= 12.1 and NCCL >= 2.17; check "
@@ -192,7 +292,9 @@ def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
        level="standard", stage="workload", tags=("fabric", "nccl", "collective"))
 def nccl_transport(ctx: Context) -> Result:
     """Reads the NCCL INFO log the nccl-allreduce check captured and judges the transport of
-    every channel against the node: in-node P2P where the GPUs have NVLink, NVLS on NVSwitch
+    every channel against the node: in-node P2P where the GPUs have NVLink (every pair on an
+    NVSwitch node; on bridged cards each pair NVLink joins, while a pair only PCIe joins may use
+    SHM or P2P; WARN for a pair over SHM whose NVLink peer NVML does not name), NVLS on NVSwitch
     nodes that support it (WARN when missing). SKIP on CPU (gloo has no NCCL transport)."""
     outcome = ctx.outcomes.get("nccl-allreduce")
     if outcome is None:
