@@ -17,6 +17,7 @@ the alert rules and dashboard that use these names live in checks/monitoring/.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -320,8 +321,19 @@ def write(reports: list[dict[str, Any]], path: str | Path, fleet: Fleet | None =
 FLEET_FILE = "nodecert-fleet.prom"
 
 
+# A file name has at most 255 bytes (Linux, and the filesystems node_exporter reads from), and
+# safeio writes beside it under longer names (`.<name>.XXXXXXXX.tmp`, `<name>.concurrent-<pid>-<time>`)
+HOST_FILE_MAX = 255 - 64
+
+
 def host_file(host: str) -> str:
-    return f"nodecert-{host}.prom"
+    """nodecert-<host>.prom. A node name may have 253 characters: a name too long for the file
+    (HOST_FILE_MAX) keeps its first 150 characters and a digest of the whole name, so two long
+    names never share a file."""
+    name = f"nodecert-{host}.prom"
+    if len(name.encode()) <= HOST_FILE_MAX:
+        return name
+    return f"nodecert-{host[:150]}-{hashlib.sha256(host.encode()).hexdigest()[:16]}.prom"
 
 
 def write_fleet(fleet: Fleet, directory: str | Path, *, host_files: bool = False) -> list[Path]:

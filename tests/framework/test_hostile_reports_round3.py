@@ -241,6 +241,20 @@ def test_control_characters_in_a_file_name_reach_no_output(tmp_path, reports) ->
         assert raw not in text
 
 
+@pytest.mark.parametrize("length", [177, 178, 241, 250])
+def test_a_node_name_too_long_for_its_prometheus_file_name_is_written(tmp_path, reports, length) -> None:
+    """A node name may have 253 characters; nodecert-<host>.prom (and the temporary it is written
+    through) then passes the 255 bytes a file name may have: the whole report ended with `File
+    name too long`, exit 2."""
+    docs = copy.deepcopy(reports)
+    docs[1]["host"] = "n" * length
+    code, hosts = _fleet(_write(tmp_path / "run", docs), tmp_path, "--prometheus-host-files")
+    assert code == 0 and hosts["n" * length]["status"] == "PASS"
+    files = sorted(p.name for p in (tmp_path / "out" / "prom").iterdir())
+    assert len(files) == 4 and all(len(name) <= 191 for name in files), files
+    assert any(f'host="{"n" * length}"' in (tmp_path / "out" / "prom" / name).read_text() for name in files)
+
+
 # --- the same GPU on two hosts ------------------------------------------------------------------
 
 def _real(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
