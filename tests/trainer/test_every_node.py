@@ -265,11 +265,15 @@ def test_fewer_usable_gpus_than_expected_fail_the_multi_gpu_jobs() -> None:
     assert plan.jobs == ["single", "localize"] and plan.nproc == 2  # still judged per GPU
 
 
-def test_one_gpu_host_shares_the_gpu_and_skips_dp() -> None:
+def test_one_gpu_host_runs_one_rank_and_skips_the_multi_gpu_jobs() -> None:
+    """Issue 44: two ranks sharing the GPU over gloo proved nothing about the node; the stage
+    plans as the trainer does (plan_ranks). More in tests/trainer/test_acceptance_one_gpu.py."""
     plan = acceptance.plan(_ctx(_h100(gpus=1)))
-    assert (plan.nproc, plan.shared) == (SHARED_RANKS, True)
-    assert plan.jobs == ["single", "localize", "ddp", "pipeline", "hybrid", "syncbn"]
-    assert plan.verdicts["dp"].status == "SKIP"
+    assert (plan.nproc, plan.shared) == (1, False)
+    assert plan.jobs == ["single", "throughput"]
+    for job in ("dp", "ddp", "syncbn", "localize", "pipeline"):
+        assert plan.verdicts[job].status == "SKIP"
+        assert plan.verdicts[job].message == "needs 2 GPUs, this host has 1"
 
 
 def test_nproc_above_the_gpu_count_skips_with_the_reason() -> None:

@@ -1,11 +1,12 @@
 """Acceptance stage: the reference training jobs of trainer/, proven equal to one device.
 
 One launch of the ranks runs every job (start-up dominates on CPU); the checks share it, cached
-per Context. Ranks (trainer.placement): NCCL with one rank per GPU; on a one-GPU host 2 ranks
-share the GPU over gloo (DDP and SyncBN run on CUDA tensors; pipeline and hybrid SKIP: gloo cannot
-send/recv CUDA tensors); without GPUs gloo on 4 CPU ranks. `train-single` trains every GPU alone
-against float64 and is the verdict of a one-GPU host; `train-localize` names a GPU whose gradients
-differ. Decided before anything launches (and so testable on scenarios):
+per Context. Ranks (trainer.placement.plan_ranks, the decision `python -m trainer` makes): NCCL
+with one rank per GPU; on a one-GPU host one rank, and every job that needs more GPUs SKIPs
+"needs 2 GPUs, this host has 1" (two ranks sharing the GPU over gloo would pass and prove nothing
+about the node); without GPUs gloo on 4 CPU ranks. `train-single` trains every GPU alone against
+float64 and is, with `train-throughput`, the verdict of a one-GPU host; `train-localize` names a
+GPU whose gradients differ. Decided before anything launches (and so testable on scenarios):
 - GPUs on the PCI bus that torch cannot use (CUDA_VISIBLE_DEVICES=NoDevFiles/""/-1, a CPU-only
   torch, a broken CUDA stack): every acceptance check FAILs saying why, never a CPU PASS;
 - --expect-gpus N >= 2 with fewer GPUs usable: the multi-GPU jobs FAIL (single and localize
@@ -84,7 +85,7 @@ _lock = threading.Lock()
 class Plan:
     jobs: list[str]  # to launch
     nproc: int = 0
-    shared: bool = False  # ranks share GPUs over gloo
+    shared: bool = False  # ranks share GPUs over gloo (plan_ranks never asks it here)
     verdicts: dict[str, Result] = field(default_factory=dict)  # decided without launching
 
 
@@ -107,7 +108,7 @@ def _cvd_note(ctx: Context) -> str:
 
 def plan(ctx: Context) -> Plan:
     """Which jobs launch, on how many ranks, and which verdicts need no launch."""
-    from trainer.placement import choose_nproc, why_torch_cannot_use_gpus
+    from trainer.placement import plan_ranks, why_torch_cannot_use_gpus
 
     wanted = [j for j in JOBS if not ctx.selected or f"train-{j}" in ctx.selected]
     plat = workload_plan.platform(ctx)
@@ -126,29 +127,22 @@ def plan(ctx: Context) -> Plan:
                      f"a multi-GPU job on {gpus} cannot prove training on {expect}", value=gpus,
                      expected=f"{expect} GPUs", remedy=REMEDY_FEWER)
         verdicts.update({j: short for j in wanted if j not in PER_DEVICE})
-    if "dp" in wanted and "dp" not in verdicts and gpus < 2:
-        verdicts["dp"] = skip(f"needs ≥ 2 CUDA devices, have {gpus} (DataParallel without them "
-                              "is a pass-through: a CPU run would prove nothing)")
+    exclusive = workload_plan.exclusive_gpus(ctx) if gpus else None
     try:
-        nproc, shared = choose_nproc(ctx.options.nproc, "auto" if gpus else "cpu", gpus)
+        # The trainer's own decision: on one GPU one rank, and the jobs needing more SKIP.
+        ranks = plan_ranks([j for j in wanted if j not in verdicts], ctx.options.nproc,
+                           "auto" if gpus else "cpu", gpus, exclusive=bool(exclusive))
     except ValueError as exc:
         reason = skip(f"{exc} (--nproc of `checks verify`)")
         verdicts.update({j: reason for j in wanted if j not in verdicts})
         return Plan([], verdicts=verdicts)
-    exclusive = workload_plan.exclusive_gpus(ctx) if gpus else None
+    verdicts.update({j: skip(why) for j, why in ranks.skips.items()})
+    if "dp" in wanted and "dp" not in verdicts and gpus < 2:
+        verdicts["dp"] = skip(f"needs ≥ 2 CUDA devices, have {gpus} (DataParallel without them "
+                              "is a pass-through: a CPU run would prove nothing)")
     if exclusive:
         verdicts.update(_exclusive_skips(wanted, verdicts, exclusive))
-        if shared:  # ranks would share a GPU, which admits one process: one rank per GPU
-            nproc, shared = 1, False
-    if shared:
-        # Ranks sharing one GPU talk over gloo, which has no CUDA reduce-scatter/all-gather for
-        # FSDP and tensor parallel; the modern jobs are not proven on one shared GPU.
-        from trainer.jobs import MODERN
-
-        reason = skip(f"{gpus} GPU: the ranks share it over gloo, which lacks the CUDA "
-                      "collectives these jobs need (run on a host with 2 or more GPUs)")
-        verdicts.update({j: reason for j in wanted if j in MODERN and j not in verdicts})
-    return Plan([j for j in wanted if j not in verdicts], nproc, shared, verdicts)
+    return Plan([j for j in wanted if j not in verdicts], ranks.nproc, ranks.shared, verdicts)
 
 
 def _config(ctx: Context, p: Plan) -> Any:
