@@ -133,3 +133,27 @@ def test_judge_by_pair_and_the_old_every_pair_rule() -> None:
         is Status.FAIL
     unknown = TransportExpectation(False, (), True, False, frozenset({(0, 1)}), frozenset())
     assert judge_transport(log, unknown).status is Status.WARN
+
+
+def test_the_all_reduce_floor_of_bridged_pairs_is_the_pcie_hop(run_cli, tmp_path: Path) -> None:
+    """nccl-allreduce's derived floor: a ring over several bridged pairs crosses PCIe between them
+    (nccl-tests#178: 208 GB/s inside a pair, ~20 across), so its pace is the PCIe hop's, not 12
+    NV12 links' (the old floor, 210 GB/s, failed this healthy node at 20). Two ranks on one pair
+    still ride the bridge, and are still held to the NVLink floor."""
+    _, report = run_cli("--simulate", BRIDGED, *ONLY)
+    assert report is not None
+    (allreduce,) = [c for c in report["checks"] if c["id"] == "nccl-allreduce"]
+    (result,) = allreduce["results"]
+    assert allreduce["status"] == "PASS", result
+    assert "derived: PCIe Gen4 x16" in result["expected"], result
+    from checks.hw.fixture import FixtureBackend
+    from checks.node.context import Context, Options
+    from checks.node.node_cli import choose_profile
+    from checks.node.suite.collective import derived_threshold
+
+    hw = FixtureBackend.from_file(BRIDGED)
+    ctx = Context(hw, choose_profile(hw, None), Options())
+    pair = derived_threshold(ctx, 2)
+    assert pair is not None and "NVLinks" in pair.source and pair.value > 100
+    ring = derived_threshold(ctx, 8)
+    assert ring is not None and "PCIe" in ring.source and ring.value < 20

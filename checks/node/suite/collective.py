@@ -93,13 +93,29 @@ def derived_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
             cc = None
     gens = [plan.query_int(g, "pcie_gen_max") for g in gpus]
     widths = [plan.query_int(g, "pcie_width_max") for g in gpus]
+    nvlinks = min(plan.nvlinks_up(g) for g in gpus)
+    if nvlinks and _ring_crosses_pcie(ctx, gpus, nranks):
+        nvlinks = 0  # bridged pairs: the ring's hop between pairs is PCIe, which sets its pace
     return rules.derived_link_threshold(
-        nvlinks=min(plan.nvlinks_up(g) for g in gpus),
+        nvlinks=nvlinks,
         link_gbs=(p.get("collective.nvlink_link_gbs") or {}).get(str(cc)),
         nvlink_fraction=float(p.get("collective.nvlink_fraction")),
         pcie_gen=min((g for g in gens if g), default=None),
         pcie_width=min((w for w in widths if w), default=None),
         pcie_fraction=float(p.get("collective.pcie_fraction")))
+
+
+def _ring_crosses_pcie(ctx: Context, gpus: list[Any], nranks: int) -> bool:
+    """On a node without NVSwitch whose cards NVLink bridges join in pairs (H100/H200 NVL, A100
+    PCIe with NV12 bridges: nccl-tests#178), a ring over more than one pair crosses PCIe between
+    pairs, so the NVLink count of each GPU says nothing of the ring's pace. The pairs are classed
+    as nccl-transport classes them (fabric_transport.rank_paths)."""
+    if nranks <= 2 or plan.nvswitch_system(ctx, gpus):
+        return False
+    from checks.node.suite.fabric_transport import rank_paths
+
+    _, pcie, _ = rank_paths(ctx)
+    return any(i < nranks and j < nranks for i, j in pcie)
 
 
 def busbw_threshold(ctx: Context, nranks: int) -> rules.Threshold | None:
