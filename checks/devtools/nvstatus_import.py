@@ -25,29 +25,22 @@ review sees every decision. Only the codes and names are taken from the header, 
 
 from __future__ import annotations
 
-import argparse
 import re
-import subprocess
-import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from checks.devtools import driver_header
+from checks.devtools.driver_header import DATE, REPOSITORY, ImportError_  # noqa: F401 (the CLI's names)
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "checks" / "kernlog" / "nvstatus.yaml"
 HEADER_PATH = "src/common/sdk/nvidia/inc/nvstatuscodes.h"
-REPOSITORY = "NVIDIA/open-gpu-kernel-modules"
 # NV_STATUS_CODE(NV_ERR_GPU_IS_LOST,   0x0000000F, "...") at the start of a line (the header's
 # own `#define NV_STATUS_CODE` lines in other files are not in this one).
 STATUS = re.compile(r"^NV_STATUS_CODE\(\s*(NV_[A-Z0-9_]{1,64})\s*,\s*0x([0-9A-Fa-f]{1,8})\s*,",
                     re.MULTILINE)
-DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-class ImportError_(Exception):
-    """Input the import cannot use (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -76,14 +69,8 @@ def parse(text: str, release: str, date: str) -> Header:
 
 def read_git(repo: Path, tag: str) -> Header:
     """nvstatuscodes.h at `tag` of a clone, with the tag's commit date."""
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              timeout=60, check=False)
-        if proc.returncode != 0:
-            raise ImportError_(f"git {' '.join(args)}: {' '.join(proc.stderr.split()) or 'failed'}")
-        return proc.stdout
-
-    return parse(git("show", f"{tag}:{HEADER_PATH}"), tag, git("log", "-1", "--format=%cs", tag).strip())
+    text, date = driver_header.git_header(repo, tag, HEADER_PATH)
+    return parse(text, tag, date)
 
 
 def table_rows(text: str) -> dict[int, dict]:
@@ -118,64 +105,19 @@ def new_row(code: int, header: Header) -> str:
 
 def write(text: str, header: Header, new: list[int]) -> str:
     """The table's text with the new rows appended and the release recorded under sources."""
-    entry = "  header: >-\n" + textwrap.fill(source_text(header), width=100, initial_indent="    ",
-                                             subsequent_indent="    ", break_on_hyphens=False) + "\n"
-    block = re.compile(r"^  header: >-\n(?:    .*\n)+", re.MULTILINE)
-    if block.search(text):
-        text = block.sub(lambda _: entry, text, count=1)
-    elif (sources := re.search(r"^sources:\n", text, re.MULTILINE)):
-        text = text[:sources.end()] + entry + text[sources.end():]
-    else:
-        raise ImportError_("the table has no 'sources:' mapping")
+    text = driver_header.record_source(text, "header", source_text(header))
     text = re.sub(r"^statuses: \[\]\n", "statuses:\n", text, count=1, flags=re.MULTILINE)
-    if not text.endswith("\n"):
-        text += "\n"
     return text + "".join(new_row(code, header) for code in new)
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m checks.devtools.nvstatus_import",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git", type=Path, help=f"a clone of {REPOSITORY}")
-    parser.add_argument("--tag", help="the release tag to read (with --git), e.g. 595.45.04")
-    parser.add_argument("--header", type=Path, help=f"a copy of {HEADER_PATH}")
-    parser.add_argument("--release", help="the driver release the --header copy is from")
-    parser.add_argument("--date", help="that release's date, YYYY-MM-DD (with --header)")
-    parser.add_argument("--table", type=Path, default=TABLE,
-                        help="the status table (default: %(default)s)")
-    parser.add_argument("--write", action="store_true", help="add the missing rows to the table")
-    args = parser.parse_args(argv)
-    if bool(args.git) == bool(args.header):
-        parser.error("give either --git DIR --tag TAG or --header FILE --release R --date D")
-    if args.git and not args.tag:
-        parser.error("--git needs --tag")
-    if args.header and not (args.release and args.date and DATE.fullmatch(args.date)):
-        parser.error("--header needs --release and --date YYYY-MM-DD")
-    return args
+IMPORTER = driver_header.Importer(
+    prog="python -m checks.devtools.nvstatus_import", header_path=HEADER_PATH, table=TABLE,
+    table_name="the status table", parse=parse, table_rows=table_rows, diff=diff, write=write,
+    source_text=source_text, judge="remedy, why")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _args(argv)
-    try:
-        if args.git:
-            header = read_git(args.git, args.tag)
-        else:
-            header = parse(args.header.read_text(encoding="utf-8"), args.release, args.date)
-        text = args.table.read_text(encoding="utf-8")
-        new, lines = diff(header, table_rows(text))
-        if args.write and new:
-            fresh = write(text, header, new)
-            table_rows(fresh)  # still a table
-            args.table.write_text(fresh, encoding="utf-8")
-    except (ImportError_, OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, ValueError,
-            TypeError, subprocess.TimeoutExpired) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    print(f"{source_text(header)}; table {args.table.name}: {len(new)} new")
-    print("\n".join(lines))
-    if args.write and new:
-        print(f"wrote {len(new)} rows to {args.table}: judge each (remedy, why) before committing")
-    return 0
+    return driver_header.main(IMPORTER, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -22,27 +22,20 @@ Only the codes and names are taken from the header, none of its text.
 
 from __future__ import annotations
 
-import argparse
 import re
-import subprocess
-import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from checks.devtools import driver_header
+from checks.devtools.driver_header import DATE, REPOSITORY, ImportError_  # noqa: F401 (the CLI's names)
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "checks" / "kernlog" / "xid.yaml"
 HEADER_PATH = "src/common/sdk/nvidia/inc/nverror.h"
-REPOSITORY = "NVIDIA/open-gpu-kernel-modules"
 LAST = "ROBUST_CHANNEL_LAST_ERROR"
 DEFINE = re.compile(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(?:\((\d+)\)|([A-Z][A-Z0-9_]*))\s*$", re.MULTILINE)
-DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-class ImportError_(Exception):
-    """Input the import cannot use (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -75,14 +68,8 @@ def parse(text: str, release: str, date: str) -> Header:
 
 def read_git(repo: Path, tag: str) -> Header:
     """nverror.h at `tag` of a clone, with the tag's commit date."""
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              timeout=60, check=False)
-        if proc.returncode != 0:
-            raise ImportError_(f"git {' '.join(args)}: {' '.join(proc.stderr.split()) or 'failed'}")
-        return proc.stdout
-
-    return parse(git("show", f"{tag}:{HEADER_PATH}"), tag, git("log", "-1", "--format=%cs", tag).strip())
+    text, date = driver_header.git_header(repo, tag, HEADER_PATH)
+    return parse(text, tag, date)
 
 
 def _table_rows(text: str) -> dict[int, dict]:
@@ -120,62 +107,18 @@ def new_row(code: int, header: Header) -> str:
 
 def write(text: str, header: Header, new: list[int]) -> str:
     """The table's text with the new rows appended and the release recorded under sources."""
-    entry = "  nverror: >-\n" + textwrap.fill(source_text(header), width=100, initial_indent="    ",
-                                              subsequent_indent="    ", break_on_hyphens=False) + "\n"
-    block = re.compile(r"^  nverror: >-\n(?:    .*\n)+", re.MULTILINE)
-    if block.search(text):
-        text = block.sub(lambda _: entry, text, count=1)
-    elif "\nsources:\n" in text:
-        text = text.replace("\nsources:\n", "\nsources:\n" + entry, 1)
-    else:
-        raise ImportError_("the table has no 'sources:' mapping")
-    if not text.endswith("\n"):
-        text += "\n"
+    text = driver_header.record_source(text, "nverror", source_text(header))
     return text + "".join(new_row(code, header) for code in new)
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m checks.devtools.xid_import",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git", type=Path, help=f"a clone of {REPOSITORY}")
-    parser.add_argument("--tag", help="the release tag to read (with --git), e.g. 595.45.04")
-    parser.add_argument("--header", type=Path, help=f"a copy of {HEADER_PATH}")
-    parser.add_argument("--release", help="the driver release the --header copy is from")
-    parser.add_argument("--date", help="that release's date, YYYY-MM-DD (with --header)")
-    parser.add_argument("--table", type=Path, default=TABLE, help="the XID table (default: %(default)s)")
-    parser.add_argument("--write", action="store_true", help="add the missing rows to the table")
-    args = parser.parse_args(argv)
-    if bool(args.git) == bool(args.header):
-        parser.error("give either --git DIR --tag TAG or --header FILE --release R --date D")
-    if args.git and not args.tag:
-        parser.error("--git needs --tag")
-    if args.header and not (args.release and args.date and DATE.fullmatch(args.date)):
-        parser.error("--header needs --release and --date YYYY-MM-DD")
-    return args
+IMPORTER = driver_header.Importer(
+    prog="python -m checks.devtools.xid_import", header_path=HEADER_PATH, table=TABLE,
+    table_name="the XID table", parse=parse, table_rows=_table_rows, diff=diff, write=write,
+    source_text=source_text, judge="verdict, reason")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _args(argv)
-    try:
-        if args.git:
-            header = read_git(args.git, args.tag)
-        else:
-            header = parse(args.header.read_text(encoding="utf-8"), args.release, args.date)
-        text = args.table.read_text(encoding="utf-8")
-        new, lines = diff(header, _table_rows(text))
-        if args.write and new:
-            fresh = write(text, header, new)
-            _table_rows(fresh)  # still a table
-            args.table.write_text(fresh, encoding="utf-8")
-    except (ImportError_, OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, ValueError,
-            subprocess.TimeoutExpired) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    print(f"{source_text(header)}; table {args.table.name}: {len(new)} new")
-    print("\n".join(lines))
-    if args.write and new:
-        print(f"wrote {len(new)} rows to {args.table}: judge each (verdict, reason) before committing")
-    return 0
+    return driver_header.main(IMPORTER, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
