@@ -24,6 +24,7 @@ import copy
 import io
 import json
 import os
+import sys
 import xml.etree.ElementTree as ET
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,11 @@ from hypothesis import strategies as st
 
 from checks.devtools import synthetic
 from checks.fleet.fleet_cli import main
+
+# --import-mode=importlib puts no test directory on sys.path (as in tests/e2e/conftest.py): the
+# report walk and patch of the older fuzz test serve this one too.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_hostile_fuzz import _paths, _set
 
 settings.register_profile(
     "hostile-ci", max_examples=30, derandomize=True, database=None,
@@ -86,27 +92,6 @@ nested = st.builds(_nest, st.integers(20, 700), st.sampled_from(["\\\\", "a\\", 
 ENCODINGS = ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig", "latin-1"]
 NAMES = [b"node\xff\xfe", b"node\x1b[31m", b"node\x07", "node\u202e".encode(), b"fleet", b"ALL",
          b"x" * 250, b"node 2", b"-drain", b"n\\x", "n\u00e9".encode(), b"gpu[1-2]"]
-
-
-def _paths(doc: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [where]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*where, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc[:3]):
-            out += _paths(v, (*where, i))
-    return out
-
-
-def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
-    if not path:
-        return value
-    node = doc
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = value
-    return doc
 
 
 class Mutation:
