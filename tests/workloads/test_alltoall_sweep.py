@@ -20,29 +20,10 @@ def test_all_to_all_bus_factor_and_buffers_follow_nccl_tests() -> None:
     assert set(busbw.SWEPT_OPS) == set(busbw.OPS) | {"all_to_all"}
 
 
-class _Rank:
-    rank = local_rank = 0
-    world_size = 1
-
-    def beat(self, phase: str) -> None:
-        self.last = phase
-
-    def should_corrupt(self, op: str) -> bool:
-        return False
-
-
-def test_all_to_all_is_timed_and_verified_in_the_sweep(tmp_path: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
+def test_all_to_all_is_timed_and_verified_in_the_sweep(one_rank_group: Any) -> None:
     from checks.hw.measure import collective_rank
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        c = collective_rank.Collectives(_Rank(), torch.device("cpu"))  # type: ignore[arg-type]
-        rows = collective_rank.sweep(c, _Rank(), "all_to_all", [64, 4096], 1, 2)  # type: ignore[arg-type]
-    finally:
-        dist.destroy_process_group()
+    c, rank = one_rank_group
+    rows = collective_rank.sweep(c, rank, "all_to_all", [64, 4096], 1, 2)
     assert [r["bytes"] for r in rows] == [64, 4096]
     assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["busbw_gbs"] == 0 for r in rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -148,42 +149,22 @@ def test_gloo_ranks_sweep_all_reduce_to_the_floor_within_the_memory_given(tmp_pa
 
 # --- the rank program's pieces in this process -----------------------------------------------
 
-class _Rank:
-    rank = local_rank = 0
-    world_size = 1
-
-    def beat(self, phase: str) -> None:
-        self.last = phase
-
-    def should_corrupt(self, op: str) -> bool:
-        return False
-
-
-def test_the_sweep_stops_before_a_size_that_would_pass_the_deadline(tmp_path: Path) -> None:
-    import torch
-    import torch.distributed as dist
-
+def test_the_sweep_stops_before_a_size_that_would_pass_the_deadline(one_rank_group: Any) -> None:
     from checks.hw.measure import collective_rank
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        c = collective_rank.Collectives(_Rank(), torch.device("cpu"))  # type: ignore[arg-type]
-        pace = collective_rank.Pace(deadline=time.time() - 1)
-        rows = collective_rank.sweep(c, _Rank(), "all_reduce", [64, 4096, 65536], 1, 1,  # type: ignore[arg-type]
-                                     pace)
-        assert [r["bytes"] for r in rows] == [64]
-        assert pace.stopped and "4 KiB would take about" in pace.stopped
-        assert "left before the launch's deadline" in pace.stopped
-        # the next sweep does not start either: its first size is judged from the last one
-        assert collective_rank.sweep(c, _Rank(), "broadcast", [1 << 20], 1, 1, pace) == []  # type: ignore[arg-type]
-        slow = collective_rank.Pace(step_max_s=1e-9)
-        rows = collective_rank.sweep(c, _Rank(), "all_reduce", [64, 4096], 1, 1, slow)  # type: ignore[arg-type]
-        assert len(rows) == 1 and slow.stopped and "without a heartbeat" in slow.stopped
-        assert len(collective_rank.sweep(c, _Rank(), "all_reduce", [64, 4096], 1, 1,  # type: ignore[arg-type]
-                                         collective_rank.Pace())) == 2
-    finally:
-        dist.destroy_process_group()
+    c, rank = one_rank_group
+    pace = collective_rank.Pace(deadline=time.time() - 1)
+    rows = collective_rank.sweep(c, rank, "all_reduce", [64, 4096, 65536], 1, 1, pace)
+    assert [r["bytes"] for r in rows] == [64]
+    assert pace.stopped and "4 KiB would take about" in pace.stopped
+    assert "left before the launch's deadline" in pace.stopped
+    # the next sweep does not start either: its first size is judged from the last one
+    assert collective_rank.sweep(c, rank, "broadcast", [1 << 20], 1, 1, pace) == []
+    slow = collective_rank.Pace(step_max_s=1e-9)
+    rows = collective_rank.sweep(c, rank, "all_reduce", [64, 4096], 1, 1, slow)
+    assert len(rows) == 1 and slow.stopped and "without a heartbeat" in slow.stopped
+    assert len(collective_rank.sweep(c, rank, "all_reduce", [64, 4096], 1, 1,
+                                     collective_rank.Pace())) == 2
 
 
 @pytest.mark.parametrize("start,count", [(0, 1), (0, 1000), (250, 7), (12345, 3000)])
@@ -194,8 +175,7 @@ def test_patterns_are_the_exact_integers_without_int64_buffers(start: int, count
 
     from checks.hw.measure import collective_rank
 
-    rank = _Rank()
-    rank.world_size = 8
+    rank = SimpleNamespace(rank=0, local_rank=0, world_size=8)
     c = collective_rank.Collectives(rank, torch.device("cpu"))  # type: ignore[arg-type]
     idx = torch.arange(start, start + count, dtype=torch.int64) % collective_rank.PERIOD
     for k in (0, 3):
