@@ -462,8 +462,11 @@ def test_direct_nvlink_mesh_of_an_nvswitch_model_expects_no_nvls(run_cli, tmp_pa
     every NVML link names a GPU as its far end, so no NVSwitch and no NVLS is expected; the same
     log on the 8-GPU NVSwitch node still WARNs."""
     found = _transport(run_cli, tmp_path, _p2p_ring_without_nvls(4), "node-hgx-h100-4gpu-nvlink-mesh")
+    # No NVSwitch: judged pair by pair, and every pair of the mesh is an NVLink pair.
     assert found["details"]["expected"] == {"cross_host": False, "rdma_up": [], "nvlink": True,
-                                            "nvls": False}, found
+                                            "nvls": False, "pcie_pairs": [],
+                                            "nvlink_pairs": [[0, 1], [0, 2], [0, 3], [1, 2],
+                                                             [1, 3], [2, 3]]}, found
     assert found["status"] == "PASS", found
     found = _transport(run_cli, tmp_path, _p2p_ring_without_nvls(4), "h100-sxm-8x-healthy")
     assert found["details"]["expected"]["nvls"] is True and found["status"] == "WARN", found

@@ -146,8 +146,8 @@ def _files(root: Path) -> set[str]:
 
 @PROFILE
 @given(mutation=mutations(), jobs=st.sampled_from(["1", "2"]))
-# two of issue 46's findings, always tried: a duration keeping the report fresh for ever, a file
-# name that is not UTF-8 (the history and Prometheus could not write it)
+# two findings of the third hostile-input review, always tried: a duration keeping the report
+# fresh for ever, a file name that is not UTF-8 (the history and Prometheus could not write it)
 @example(mutation=Mutation("duration_s 1e300", VICTIM.encode(), json.dumps(
     {**_reports()[2], "duration_s": 1e300}).encode()), jobs="2")
 @example(mutation=Mutation("name", b"node\xff\xfe", json.dumps(_reports()[2]).encode()), jobs="1")

@@ -251,7 +251,7 @@ def test_statuses_that_mean_nothing_for_the_node_pass(run_cli, tmp_path: Path) -
     assert code == 0 and [r["status"] for r in results] == ["PASS"]
 
 
-# --- Xid lines whose address cannot be read (issue 46) ---------------------------------------
+# --- Xid lines whose address cannot be read ----------------------------------------------------
 
 def test_an_xid_line_whose_address_cannot_be_read_is_judged_for_the_node(run_cli,
                                                                         tmp_path: Path) -> None:
