@@ -384,6 +384,14 @@ class Backend(abc.ABC):
         perftest is not installed. Measurements: workload("ib_write_bw", nic=, gpu=, ...)."""
         return None
 
+    def reset_gpu(self, uuid: str) -> float:
+        """Reset one GPU (the remediation loop, on a drained node with no process on it; NVIDIA's
+        `nvidia-smi -r` rules). Returns the kernel log's clock when the reset had finished
+        (seconds since boot, as the log's timestamps print it), which the reset marker records so
+        the kernel-log checks judge only what that GPU logged after it. NotSupported where this
+        backend cannot reset, HardwareError when the reset failed."""
+        raise NotSupported(f"GPU reset is not available on the {self.name} backend")
+
     def own_pids(self) -> set[int]:
         """PIDs of this tool's own processes, which may hold a CUDA context of their own (NVML
         lists them among a GPU's compute processes); empty where there are none."""

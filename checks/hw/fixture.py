@@ -163,6 +163,7 @@ class FixtureBackend(Backend):
         self._driver = scenario.get("driver") or {}
         defaults = scenario.get("gpu_defaults") or {}
         self._gpus = [merge(defaults, gpu or {}) for gpu in scenario.get("gpus") or []]
+        self.resets: list[str] = []  # UUIDs reset_gpu was asked to reset, in order
 
     @classmethod
     def from_file(cls, name_or_path: str) -> FixtureBackend:
@@ -262,6 +263,24 @@ class FixtureBackend(Backend):
 
     def container(self) -> str | None:
         return self._host.get("container")
+
+    def reset_gpu(self, uuid: str) -> float:
+        """A scenario GPU "reset", recorded in `resets`; a GPU the scenario has lost cannot be
+        reset (HardwareError, as nvidia-smi cannot reach a GPU off the bus). The clock is the
+        last timestamp the scenario's kernel log holds: the recording's now."""
+        gpu = next((g for g in self._gpus if str(g.get("uuid")) == uuid), None)
+        if gpu is None:
+            raise HardwareError(f"no GPU {uuid} in the scenario")
+        if gpu.get("lost") or gpu.get("on_pci", True) is False:
+            raise HardwareError(f"GPU {uuid} is lost (scenario): a reset cannot reach it")
+        self.resets.append(uuid)
+        from checks.hw.kernel_log import line_clock
+
+        try:
+            stamps = [line_clock(line) for line in self.kernel_log()]
+        except HardwareError:
+            return 0.0
+        return max((t for t in stamps if t is not None), default=0.0)
 
     def process_slurm_job(self, pid: int) -> str | None:
         # host.process_cgroups: {pid: the text of /proc/PID/cgroup}; host.process_tree: the

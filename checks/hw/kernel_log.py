@@ -15,6 +15,7 @@ path), so tests drive the chain with fake executables and a temporary file or FI
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -228,3 +229,122 @@ def parse_kmsg(text: str) -> list[str]:
         lines.extend(f"{stamp} {part}" for part in parts)
         continuing = flags.startswith(("c", "+"))
     return lines
+
+
+# --- GPU reset markers -------------------------------------------------------------------------
+# The remediation loop (checks/fleet/remediate.py) resets a GPU and records a marker: this boot's
+# id, the kernel clock when the reset had finished, the GPU. A line that names that GPU's PCI
+# address and was logged before its reset belongs to the fault the reset cured: the kernel-log
+# checks set it aside (and say so), so the XID that caused the reset does not fail every check
+# until the next reboot. Lines without a timestamp and lines naming no GPU address are kept.
+
+ENV_STATE_DIR = "NODECERT_STATE_DIR"  # the Slurm wrappers' --state-dir, which they export
+DEFAULT_STATE_DIR = "/var/lib/nodecert"
+RESETS = "gpu-resets.json"
+RESETS_KEPT = 64  # markers kept per file; only this boot's count
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_CLOCK = re.compile(r"^\s*\[\s*(\d{1,10}\.\d{1,9})\]")
+_BUS = re.compile(r"^(?:([0-9a-f]{4,5}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-7])?$")
+
+
+@dataclass(frozen=True)
+class ResetMarker:
+    boot_id: str
+    clock_s: float  # the kernel log's clock when the reset had finished
+    uuid: str
+    pci: str  # dddd:bb:dd.f, as NVML and the kernel print it
+    at: str  # wall-clock time, for people
+
+
+def line_clock(line: str) -> float | None:
+    """The seconds-since-boot stamp of a dmesg or journalctl -o short-monotonic line."""
+    match = _CLOCK.match(line)
+    return float(match[1]) if match else None
+
+
+def boot_id(path: Path = BOOT_ID) -> str:
+    """This boot's id (a reboot makes every earlier marker void); "" when unreadable."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
+
+
+def _read_markers(directory: Path) -> list[dict[str, object]]:
+    try:
+        data = json.loads((directory / RESETS).read_text())
+    except (OSError, ValueError):
+        return []
+    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+
+def reset_markers(directory: Path | None = None, boot: str | None = None) -> list[ResetMarker]:
+    """This boot's reset markers in the state directory (none when it has no file, or an
+    unreadable one: then every line is judged)."""
+    boot = boot_id() if boot is None else boot
+    found = []
+    for m in _read_markers(directory or state_dir()):
+        try:
+            marker = ResetMarker(str(m["boot_id"]), float(m["clock_s"]),  # type: ignore[arg-type]
+                                 str(m["uuid"]), str(m["pci"]).lower(), str(m.get("at", "")))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if boot and marker.boot_id == boot and _BUS.match(marker.pci):
+            found.append(marker)
+    return found
+
+
+def record_reset(directory: Path, marker: ResetMarker) -> None:
+    """Add a marker (the file replaced atomically; earlier boots' markers dropped)."""
+    kept = [m for m in _read_markers(directory) if m.get("boot_id") == marker.boot_id]
+    kept.append(dict(marker.__dict__))
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{RESETS}.{os.getpid()}"
+    tmp.write_text(json.dumps(kept[-RESETS_KEPT:]))
+    os.replace(tmp, directory / RESETS)
+
+
+def _names(line: str, marker: ResetMarker) -> bool:
+    match = _BUS.match(marker.pci)
+    assert match is not None  # reset_markers keeps only readable addresses
+    domain, bus, dev = match.groups()
+    pattern = rf"(?<![0-9a-f])(?:{domain}:)?{bus}:{dev}(?![0-9a-f:])"
+    return re.search(pattern, line.lower()) is not None
+
+
+def since_resets(lines: list[str], markers: list[ResetMarker]) -> tuple[list[str], list[str]]:
+    """(lines judged, lines set aside): a line is set aside when it names a reset GPU's address
+    and its stamp is not after that GPU's last reset. A KernelLog keeps its source."""
+    if not markers:
+        return lines, []
+    last: dict[str, ResetMarker] = {}
+    for marker in markers:
+        if marker.pci not in last or marker.clock_s > last[marker.pci].clock_s:
+            last[marker.pci] = marker
+    kept: list[str] = []
+    aside: list[str] = []
+    for line in lines:
+        clock = line_clock(line)
+        before = clock is not None and any(
+            clock <= m.clock_s and _names(line[:4096], m) for m in last.values())
+        (aside if before else kept).append(line)
+    if isinstance(lines, KernelLog):
+        return KernelLog(kept, lines.source, lines.skipped), aside
+    return kept, aside
+
+
+def after_resets(lines: list[str]) -> tuple[list[str], dict[str, object] | None]:
+    """What a kernel-log check judges: `lines` less those set aside by this boot's reset markers
+    (the state directory of $NODECERT_STATE_DIR, else /var/lib/nodecert), and, when any were,
+    the details that say so (which resets, how many lines)."""
+    markers = reset_markers()
+    judged, aside = since_resets(lines, markers)
+    if not aside:
+        return judged, None
+    return judged, {"lines_before_gpu_reset": len(aside),
+                    "gpu_resets": [{"uuid": m.uuid, "pci": m.pci, "clock_s": m.clock_s,
+                                    "at": m.at} for m in markers]}

@@ -21,6 +21,7 @@ from checks.hw.base import (
     Backend,
     DiskUsage,
     HardwareError,
+    NotSupported,
     Nvml,
     PciDevice,
     RdmaDevice,
@@ -60,6 +61,9 @@ def _int(text: str | None, base: int = 10) -> int | None:
         return int(text, base) if text is not None else None
     except ValueError:
         return None
+
+
+RESET_TIMEOUT_S = 120.0  # nvidia-smi --gpu-reset of one GPU
 
 
 class LinuxBackend(Backend):
@@ -294,6 +298,27 @@ class LinuxBackend(Backend):
 
     def own_pids(self) -> set[int]:
         return {os.getpid()}
+
+    def reset_gpu(self, uuid: str) -> float:
+        # nvidia-smi -r takes the UUID for -i; it refuses a GPU a process still holds. Its whole
+        # tree is killed at the deadline (a reset that hangs in the driver leaves the node drained).
+        from checks.supervise import procs
+
+        if shutil.which("nvidia-smi") is None:
+            raise NotSupported("nvidia-smi is not installed: no GPU reset")
+        try:
+            proc = procs.run(["nvidia-smi", "--gpu-reset", "-i", uuid], timeout_s=RESET_TIMEOUT_S,
+                             text=True)
+        except subprocess.TimeoutExpired:
+            raise HardwareError(f"nvidia-smi --gpu-reset -i {uuid} did not finish in "
+                                f"{RESET_TIMEOUT_S:g} s (killed)") from None
+        if proc.returncode != 0:
+            why = " ".join((proc.stdout + " " + proc.stderr).split())[:200]
+            raise HardwareError(f"nvidia-smi --gpu-reset -i {uuid} failed (exit "
+                                f"{proc.returncode}): {why}")
+        # printk stamps lines with the kernel's local clock: seconds since boot, not counting
+        # suspend, which CLOCK_MONOTONIC follows
+        return time.clock_gettime(time.CLOCK_MONOTONIC)
 
     def process_slurm_job(self, pid: int) -> str | None:
         # the job's cgroup (cgroup plugins), else the job step's slurmstepd above it

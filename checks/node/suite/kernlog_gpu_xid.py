@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks.hw.kernel_log import after_resets
 from checks.kernlog import StatusRow, nvstatus_policy, xid_policy
 from checks.model import Device, Result, fail, passed, warn
 from checks.node.context import Context
@@ -233,8 +234,9 @@ def xid_events(ctx: Context) -> Iterator[Result]:
     fail with that status's remedy, with or without an Xid line. ERROR when no log source can be
     read."""
     policy = xid_policy()
-    lines = kernel_log(ctx)
-    source = log_source(ctx, lines)
+    # a reset GPU's lines from before its reset are the fault the reset cured (reset markers)
+    lines, reset = after_resets(kernel_log(ctx))
+    source = log_source(ctx, lines) | (reset or {})
     seen = scan_xids(lines)
     statuses = scan_statuses(lines)
     if not seen and not statuses:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from checks.hw.kernel_log import after_resets
 from checks.kernlog import sxid_policy
 from checks.model import Device, Result, fail, passed, skip, warn
 from checks.node.context import Context
@@ -73,8 +74,9 @@ def nvswitch_sxid(ctx: Context) -> Iterator[Result]:
     nonfatal_warn = int(ctx.profile.require("sxid.nonfatal_warn"))
     policy = sxid_policy()
     switches = ctx.nvswitches
-    lines = kernel_log(ctx)
-    source = log_source(ctx, lines)
+    # a reset GPU's lines from before its reset are the fault the reset cured (reset markers)
+    lines, reset = after_resets(kernel_log(ctx))
+    source = log_source(ctx, lines) | (reset or {})
     seen = scan_sxids(lines)
     if not seen:
         if not switches:

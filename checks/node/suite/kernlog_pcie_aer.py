@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.hw.base import PciDevice
+from checks.hw.kernel_log import after_resets
 from checks.kernlog import aer_policy
 from checks.model import Device, Result, fail, passed, skip, warn
 from checks.node.context import Context
@@ -184,8 +185,9 @@ def pcie_aer(ctx: Context) -> Iterator[Result]:
     unless the log shows the kernel enabling AER (firmware-first platforms log elsewhere);
     ERROR when no log source can be read."""
     corrected_warn = int(ctx.profile.require("aer.corrected_warn"))
-    lines = kernel_log(ctx)
-    source = log_source(ctx, lines)
+    # a reset GPU's lines from before its reset are the fault the reset cured (reset markers)
+    lines, reset = after_resets(kernel_log(ctx))
+    source = log_source(ctx, lines) | (reset or {})
     scan = scan_aer(lines)
     problems = 0
     for address, entry in sorted(scan.devices.items()):
