@@ -59,11 +59,12 @@ class Profile:
         return str(self.data.get("description", self.name))
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on a copy of `base`: mappings merge key by key, anything else replaces."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -114,14 +115,14 @@ def validate(data: dict[str, Any], where: str) -> None:
                        + (f" ({why})" if why and error.validator == "required" else ""))
 
 
-def _not_finite(node: Any, where: str = "") -> str | None:
+def not_finite(node: Any, where: str = "") -> str | None:
     """The dotted key of the first number that is NaN or infinite (`.nan` in YAML): a threshold
     every comparison with is false can never fail."""
     if isinstance(node, float) and not math.isfinite(node):
         return where or "(top level)"
     items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
     for key, value in items:
-        found = _not_finite(value, f"{where}.{key}" if where else str(key))
+        found = not_finite(value, f"{where}.{key}" if where else str(key))
         if found:
             return found
     return None
@@ -142,7 +143,7 @@ def load(name: str, _seen: tuple[str, ...] = ()) -> Profile:
         raise ProfileError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from exc
     parent = data.pop("extends", None)
     if parent:
-        data = _merge(load(parent, (*_seen, name)).data, data)
+        data = merge(load(parent, (*_seen, name)).data, data)
     data["name"] = name
     return Profile(name=name, data=data)
 
@@ -162,7 +163,7 @@ def _parse(path: str, _mtime_ns: int, _size: int, name: str) -> Any:
     data = yaml.load(text, Loader=_LOADER) if not _has_alias(text) else safeyaml.load(text)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must be a mapping")
-    bad = _not_finite(data)
+    bad = not_finite(data)
     if bad:
         raise ProfileError(f"{path}: {bad}: not a finite number")
     validate(data, f"checks/profiles/{name}.yaml")

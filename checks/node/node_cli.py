@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from checks import cliutil, profiles, render
+from checks import cliutil, profiles, render, site
 from checks import report_schema as report
 from checks.hw.base import Backend, HardwareError
 from checks.hw.fixture import FixtureBackend, ScenarioError, shipped
@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", metavar="FILE|NAME",
                    help="read the hardware from a scenario file (YAML/JSON) instead of this "
                         f"machine; shipped scenarios: {', '.join(shipped())}")
+    p.add_argument("--site", metavar="FILE",
+                   help="this site's policy over the model profiles: thresholds, checks it never "
+                        f"runs (default: ${site.ENV}, else {site.DEFAULT} when it exists; "
+                        "docs/checks.md, 'Tuning for your site')")
     p.add_argument("--profile", metavar="NAME",
                    help="GPU model profile with the thresholds (default: detected from the GPUs; "
                         f"available: {', '.join(profiles.available())})")
@@ -398,8 +402,11 @@ def _check_names(flag: str, names: list[str]) -> None:
         raise UsageError(f"{flag}: unknown check id or tag: {name} ({hint}see --list)")
 
 
-def _select(args: argparse.Namespace) -> list[Any]:
+def _select(args: argparse.Namespace, policy: site.Site | None = None) -> list[Any]:
     only, skip = _names(args.only), _names(args.skip)
+    if policy is not None and policy.skip:
+        _check_names(f"{policy.path}: skip:", policy.skip)
+        skip += policy.skip
     _check_names("--only", only)
     _check_names("--skip", skip)
     selected = registry.select(args.level, only, skip)
@@ -412,7 +419,8 @@ def run(args: argparse.Namespace, console: Console, err: Console,
         started: float | None = None) -> int:
     started = time.monotonic() if started is None else started
     args.level = args.level or ("burn-in" if args.budget else "standard")
-    selected = _select(args)
+    policy = site.load(args.site, simulated=bool(args.simulate))
+    selected = _select(args, policy)
     selected, plan, hw = _plan(args, selected)
     if args.list:
         return _list(console, selected, plan)
@@ -420,6 +428,8 @@ def run(args: argparse.Namespace, console: Console, err: Console,
     options = _options(args, provisioned)
     hw = hw or make_backend(args.simulate)
     profile = choose_profile(hw, args.profile)
+    if policy is not None:
+        profile.data = profiles.merge(profile.data, policy.overlay(profile.name))
     if plan is not None:
         budget.apply_overrides(profile.data, plan.profile_overrides)
         if not args.quiet:
@@ -444,6 +454,8 @@ def run(args: argparse.Namespace, console: Console, err: Console,
         meta["options"]["budget"] = plan.to_dict()
     if args.deadline is not None:
         meta["options"]["deadline_s"] = args.deadline
+    if policy is not None:
+        meta["options"]["site"] = policy.record(profile.name)
     doc = report.build(outcomes, meta=meta)
     _write_outputs(doc, args, console, err)
     return int(doc["exit_code"])
@@ -462,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console, err = consoles(args.quiet)
     try:
         return run(args, console, err, started)
-    except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError) as exc:
+    except (UsageError, ScenarioError, profiles.ProfileError, budget.BudgetError,
+            site.SiteError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except procs.Terminated as exc:  # SIGINT/SIGTERM/SIGHUP, handlers set by __main__
