@@ -112,8 +112,7 @@ def cluster_view(node: str, prefix: str) -> tuple[NodeState, list[str], int]:
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|", 2)]
         if len(parts) == 3 and parts[0]:
-            states[parts[0]] = NodeState(parts[1].lower().rstrip("*~#!%$@^-"),
-                                         "" if parts[2] == "none" else parts[2])
+            states[parts[0]] = control.parse_state(parts[1], parts[2])
     if node not in states:
         raise SlurmError(f"sinfo knows no node {node!r}")
     ours = sorted(n for n, s in states.items() if s.drained and s.reason.startswith(f"{prefix}:"))
@@ -154,6 +153,11 @@ def _act_here(node: str, result: Verdict, state_dir: Path, prefix: str, apply: b
             return True
     if action.kind == "resume" and apply and ours:
         gate.forget_slurm_error(state_dir)
+    if apply and result.failed and (action.kind == "drain" or (
+            state.drained and state.reason.startswith(f"{prefix}:"))):
+        gate.note_drain(state_dir, result.summary)
+    elif apply and not result.failed:
+        gate.forget_drain(state_dir)
     return False
 
 
@@ -183,12 +187,14 @@ def _wrapper_failed(node: str, role: str, exc: BaseException, state_dir: Path, p
     return 0 if role == "epilog" else EXIT_FAIL
 
 
-def _publish_unhealthy(args: argparse.Namespace) -> None:
+def _publish_unhealthy(args: argparse.Namespace, config_failure: bool = False) -> None:
     """The wrapper-error paths publish the host unhealthy too (no report: healthy 0), so that
-    NodecertHostUnhealthy fires; a textfile directory that is what broke is left as it is."""
+    NodecertHostUnhealthy fires (and NodecertConfigFailure for refused options); a textfile
+    directory that is what broke is left as it is."""
     if args.textfile_dir:
         with contextlib.suppress(Exception):
-            gate.publish(Path(args.textfile_dir), args.node, args.level, None, args.interval)
+            gate.publish(Path(args.textfile_dir), args.node, args.level, None, args.interval,
+                         config_failure)
 
 
 def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -215,7 +221,7 @@ def gate_run(role: str, args: argparse.Namespace, extra: Sequence[str]) -> int:
     except gate.UsageError as exc:  # a configuration error, not a node fault (FAIL_CLOSED)
         with contextlib.suppress(OSError):
             gate.clear_marker(state_dir)
-        _publish_unhealthy(args)
+        _publish_unhealthy(args, config_failure=True)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE  # the wrapper drains: nodecert's configuration failed
     except SlurmError as exc:
@@ -251,6 +257,12 @@ def prolog_run(args: argparse.Namespace) -> int:
             return 0
         print(f"nodecert: this node's last verdict failed: {kept.summary}", file=sys.stderr)
         state, drained, nodes = cluster_view(node, args.prefix)
+        if not state.drained and gate.drained_for(state_dir) == kept.summary:
+            # nodecert drained the node for this verdict and someone resumed it since: an
+            # administrator's RESUME ends nodecert's hold; the next health check judges anew
+            print(f"{node}: resumed after nodecert drained it for this verdict: the job runs; "
+                  "the next health check judges the node again", file=sys.stderr)
+            return 0
         action = decide(node, kept, state, args.prefix)
         if (action.kind == "drain" and not state.drained
                 and len(drained) >= drain_allowed(args.max_drain_fraction, nodes)):
@@ -277,12 +289,17 @@ WRAPPERS = {
 
 
 # What a wrapper does when the nodecert run it starts did not act (any exit but 0, and a 1 that
-# left the node in service): it drains the node itself, with nothing but /bin/sh and scontrol,
-# so that a missing interpreter (127), a broken package (1 with a traceback), refused options
-# (2), a failed fork or a killed run (exit 128+N: signal N, named as such) never switch
-# checking off in silence. A node that is
-# already drained (by the run, or by an administrator) keeps its reason.
+# left the node in service): it drains the node itself, with nothing but /bin/sh, sinfo, scontrol
+# and POSIX tools, so that a missing interpreter (127), a broken package (1 with a traceback),
+# refused options (2), a failed fork or a killed run (exit 128+N: signal N, named as such) never
+# switch checking off in silence. A node that is already drained (by the run, or by an
+# administrator) keeps its reason. The drain obeys the same cluster-wide budget as the run's own
+# (_act_here: --max-drain-fraction of the nodes drained by nodecert, read from one sinfo, checked
+# again after the drain), so one typo pushed to every node drains at most the budget; every node
+# publishes nodecert_host_healthy 0 and nodecert_config_failure 1 to the textfile itself (no
+# Python ran to write it), carrying the file's other series over.
 CONFIG_ID = "nodecert-config"
+DRAIN_FRACTION = 0.10  # the run's --max-drain-fraction default, which the wrappers keep
 FAIL_CLOSED = r"""rc=$?
 [ "$rc" -eq 0 ] && exit 0
 [ "$rc" -eq 4 ] && exit 0  # EXIT_HELD: the drain budget held the drain back; the textfile alerts
@@ -297,29 +314,89 @@ case "$NODE" in  # one node name, as slurm_control.node_name: no range, list or 
   ""|[!A-Za-z0-9]*|*[!A-Za-z0-9_.-]*|[Aa][Ll][Ll])
     echo "nodecert: $ROLE run exited $rc; node name '$NODE' is not one Slurm node" >&2; exit 2 ;;
 esac
+config=1; [ "$rc" -gt 128 ] && config=0
+publish() {  # what the run would have written: unhealthy, why, when; the file's other series kept
+  [ -n "$TEXTFILE_DIR" ] || return 0
+  f="$TEXTFILE_DIR/nodecert.prom"; t="$TEXTFILE_DIR/.nodecert.prom.sh$$"
+  mkdir -p "$TEXTFILE_DIR" 2>/dev/null
+  own='^(# (HELP|TYPE) )?nodecert_(host_healthy|config_failure|last_run_timestamp_seconds)[ {]'
+  { [ -r "$f" ] && grep -Ev "$own" "$f"
+    echo "# HELP nodecert_host_healthy 1 when every check passed (PASS, WARN or SKIP), else 0."
+    echo "# TYPE nodecert_host_healthy gauge"
+    echo "nodecert_host_healthy{host=\"$NODE\",level=\"quick\",profile=\"\"} 0"
+    echo "# HELP nodecert_config_failure 1 when nodecert itself failed on this host (refused" \
+         "options, missing interpreter, broken package), not the node."
+    echo "# TYPE nodecert_config_failure gauge"
+    echo "nodecert_config_failure{host=\"$NODE\"} $config"
+    echo "# HELP nodecert_last_run_timestamp_seconds When the last nodecert run on this host" \
+         "finished (Unix time)."
+    echo "# TYPE nodecert_last_run_timestamp_seconds gauge"
+    echo "nodecert_last_run_timestamp_seconds{host=\"$NODE\"} $(date +%s)"
+  } > "$t" && chmod 644 "$t" && mv -f "$t" "$f" || rm -f "$t"
+}
+why="$CONFIG_ID $ROLE exited $rc: nodecert's configuration failed, not the node"
+[ "$rc" -gt 128 ] && why="nodecert-run ($ROLE) killed by signal $((rc - 128)) before it finished"
+T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 1 $CALL_S"
+ours() {  # the nodes drained with our reason now, sorted as the run sorts them; n: all nodes
+  out=$($T "$SINFO" -h -N -o '%N|%T|%E' 2>/dev/null) || { n=0; drained=; mine=; return; }
+  mine=$(printf '%s\n' "$out" | awk -F'|' -v n="$NODE" '$1 == n { print $3; exit }')
+  n=$(printf '%s\n' "$out" | awk -F'|' 'NF > 2 && !s[$1]++' | wc -l)
+  drained=$(printf '%s\n' "$out" | awk -F'|' -v p="$PREFIX:" \
+    'tolower($2) ~ /drain/ && index($3, p) == 1 && !s[$1]++ { print $1 }' | LC_ALL=C sort)
+}
+held() {
+  publish
+  echo "nodecert: $ROLE run exited $rc; held back by the drain budget: $1 of $n nodes are" \
+       "drained by nodecert, at most $allowed at once; alerting instead" \
+       "(nodecert_host_healthy 0, nodecert_config_failure $config); would drain: $why" >&2
+  exit 0
+}
+first() {  # this node is among the first $allowed of nodecert's drained nodes
+  printf '%s\n' "$drained" | head -n "$allowed" | grep -qxF -- "$NODE"
+}
+ours  # sinfo unanswered (n=0): no budget to keep, the node is drained (fail closed)
+allowed=$(LC_ALL=C awk -v f="$MAX_DRAIN_FRACTION" -v n="$n" \
+  'BEGIN { a = int(f * n); print (a < 1 ? 1 : a) }')
+count=$(printf '%s' "$drained" | grep -c .)
 st=$("$SCONTROL" -o show node "$NODE" 2>/dev/null) || st=
 st=${st#* State=}
 case "${st%% *}" in
-  *DRAIN*) [ "$ROLE" = epilog ] && exit 0; exit "$rc" ;;
+  *DRAIN*)
+    case "$mine" in  # our own configuration drain, kept by a run that drained with others
+      "$PREFIX: $CONFIG_ID "*) if [ "$n" -gt 0 ] && [ "$count" -gt "$allowed" ] && ! first; then
+          "$SCONTROL" update NodeName="$NODE" State=RESUME && held "$((count - 1))"
+        fi ;;
+    esac
+    publish; [ "$ROLE" = epilog ] && exit 0; exit "$rc" ;;
 esac
-why="$CONFIG_ID $ROLE exited $rc: nodecert's configuration failed, not the node"
-[ "$rc" -gt 128 ] && why="nodecert-run ($ROLE) killed by signal $((rc - 128)) before it finished"
+[ "$n" -gt 0 ] && [ "$count" -ge "$allowed" ] && held "$count"
 echo "nodecert: $ROLE run exited $rc and left $NODE in service: draining it ($why)" >&2
-"$SCONTROL" update NodeName="$NODE" State=DRAIN Reason="$PREFIX: $why" || exit 3
+"$SCONTROL" update NodeName="$NODE" State=DRAIN Reason="$PREFIX: $why" || { publish; exit 3; }
+ours  # runs that failed in the same instant each found the budget free: keep the first names
+count=$(printf '%s' "$drained" | grep -c .)
+if [ "$n" -gt 0 ] && [ "$count" -gt "$allowed" ] &&
+   ! first; then
+  "$SCONTROL" update NodeName="$NODE" State=RESUME && held "$((count - 1))"
+fi
+publish
 [ "$ROLE" = epilog ] && exit 0
 exit "$rc"
 """
 
 
-def _sh_lines(name: str, role: str, prefix: str, python: str, scontrol: str, run: str) -> list[str]:
+def _sh_lines(name: str, role: str, prefix: str, python: str, scontrol: str, run: str,
+              textfile_dir: str | None = None, call_s: float = 10.0) -> list[str]:
     """The wrapper's text: settings, the run (not exec'd: its exit is judged), FAIL_CLOSED."""
     q = shlex.quote
     path = ":".join(dict.fromkeys([str(Path(scontrol).parent), "/usr/local/sbin", "/usr/local/bin",
                                    "/usr/sbin", "/usr/bin", "/sbin", "/bin"]))
+    sinfo = str(Path(scontrol).parent / "sinfo")  # the same installation as scontrol
     lines = ["#!/bin/sh",
              f"# {WRAPPERS[name][0]} for Slurm, written by python -m checks.fleet.slurm scripts",
              f"PATH={q(path)}${{PATH:+:$PATH}}; export PATH",  # slurmd's PATH is bare
              f"SCONTROL={q(scontrol)} ROLE={q(role)} PREFIX={q(prefix)} CONFIG_ID={CONFIG_ID}",
+             f"SINFO={q(sinfo)} MAX_DRAIN_FRACTION={DRAIN_FRACTION:g} CALL_S={call_s:g} "
+             f"TEXTFILE_DIR={q(textfile_dir or '')}",
              'NODE=${SLURMD_NODENAME:-}']
     conf = os.environ.get("SLURM_CONF")
     if conf:
@@ -353,7 +430,9 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
                 args += ["--budget", f"{plan.budget_s:g}s"]
             if checks_args:
                 args += ["--", *checks_args]
-        lines = _sh_lines(name, sub[0], prefix, python, scontrol, shlex.join(args))
+        call_s = plan.prolog_call_timeout_s if sub[0] == "prolog" else plan.slurm_call_timeout_s
+        lines = _sh_lines(name, sub[0], prefix, python, scontrol, shlex.join(args), textfile_dir,
+                          call_s)
         path = directory / name
         tmp = directory / f".{name}.tmp"
         tmp.write_text("\n".join(lines) + "\n")
@@ -455,7 +534,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_passthrough(checks_args: Sequence[str]) -> None:
+    """InputError (one line) when `python -m checks` would refuse the options after `--`, parsed
+    by its own parser as the wrappers pass them: a typo written into the wrappers would make
+    every node fail closed at its next run (each drained, or held by the drain budget)."""
+    import io
+
+    from checks.node import node_cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        parsed = cliutil.parse(node_cli.build_parser(),
+                               ["--level", "quick", "--json", "report.json", "-q", *checks_args])
+    if isinstance(parsed, int):
+        why = (control.one_line(err.getvalue()).removeprefix("error: ") if parsed else
+               "--help/--version print and exit, leaving no report")
+        raise InputError(f"the options after -- are refused by python -m checks, so every "
+                         f"wrapper would fail: {why}; nothing written")
+
+
 def _scripts(args: argparse.Namespace) -> int:
+    check_passthrough(args.checks_args)
     limits = slurm_conf.read(slurm_conf.conf_path(args.slurm_conf))
     budget = slurm_conf.parse_duration(args.budget) if args.budget else None
     plan = slurm_conf.plan(limits, args.timeout, budget)

@@ -26,7 +26,13 @@ def one_line(text: str) -> str:
 
 
 DEFAULT_PREFIX = "NODECERT"
-REASON_MAX = 120  # keep reasons readable in sinfo -R
+# Slurm keeps a reason of any length (scontrol(1) sets no limit; 22.05 kept and printed 4809
+# characters, tests/fleet/test_slurm_guards.py), but `sinfo -R` shows its first 20 characters
+# (sinfo(1)) and a terminal line ~120: the reason is cut for people reading it, never for Slurm.
+# What it keeps is what a ticket rule and an operator key on (drain_reason); the whole summary
+# stays in the kept report (last.json: nodecert_slurm.summary).
+REASON_MAX = 120
+MORE = re.compile(r" \(\+\d+ more\)$")  # verdict()'s count of the other failing checks
 EXIT_FAIL, EXIT_USAGE, EXIT_SLURM = 1, 2, 3
 # One Slurm node name: scontrol expands "gpu[001-512]", "a,b" and ALL into many nodes, so none
 # of these may come from a report (hostname(7) characters, at most 63 per label as DNS allows).
@@ -47,14 +53,37 @@ class InputError(Exception):
     """Bad report or options (one-line message)."""
 
 
+# The flags sinfo's %T appends to a state (sinfo(1), NODE STATE CODES): * not responding,
+# ~ powered off, # powering up, ! pending power down, % powering down, $ maintenance reservation,
+# @ reboot pending, ^ reboot issued, - planned by the backfill scheduler.
+STATE_FLAGS = "*~#!%$@^-"
+REBOOT_FLAGS = "@^"
+
+
 @dataclass(frozen=True)
 class NodeState:
-    state: str  # sinfo %T, lower case, flags (*~#...) stripped: idle, drained, draining, mixed ...
+    state: str  # sinfo %T, lower case, without its flags: idle, drained, draining, mixed, reboot ...
     reason: str  # "" when none
+    flags: str = ""  # the flags sinfo appended (STATE_FLAGS), kept: @ and ^ say a reboot is due
 
     @property
     def drained(self) -> bool:
         return "drain" in self.state
+
+    @property
+    def reboot_pending(self) -> bool:
+        """A reboot is requested or issued (`scontrol reboot`; sinfo's @ or ^, or the state
+        REBOOT_REQUESTED / REBOOT_ISSUED that sinfo prints as "reboot..."). A RESUME would
+        cancel a requested reboot (scontrol(1)), so nodecert leaves such a node to it."""
+        return any(f in self.flags for f in REBOOT_FLAGS) or self.state.startswith("reboot")
+
+
+def parse_state(text: str, reason: str) -> NodeState:
+    """One node's sinfo `%T` and `%E`, its flags kept apart from the state."""
+    raw = text.strip().lower()
+    state = raw.rstrip(STATE_FLAGS)
+    reason = reason.strip()
+    return NodeState(state, "" if reason == "none" else reason, raw[len(state):])
 
 
 UNKNOWN = NodeState("state unknown (--dry-run: Slurm not asked)", "")
@@ -103,8 +132,20 @@ def verdict(report: dict[str, Any]) -> Verdict:
 
 
 def drain_reason(prefix: str, summary: str) -> str:
-    reason = f"{prefix}: {summary}"
-    return reason if len(reason) <= REASON_MAX else reason[: REASON_MAX - 1] + "…"
+    """`<prefix>: <summary>` within REASON_MAX characters: a long message is cut at a word
+    boundary with "...", keeping the fault code and check id in front and the "(+N more)"
+    count of the other failing checks at the end."""
+    reason = f"{prefix}: {one_line(summary)}"
+    if len(reason) <= REASON_MAX:
+        return reason
+    more = MORE.search(reason)
+    tail = more.group(0) if more else ""
+    room = REASON_MAX - len(tail) - len("...")
+    cut = reason[:room]
+    word = cut.rsplit(" ", 1)[0]
+    if len(word) > room * 2 // 3:  # a boundary near the end; else one long word is cut
+        cut = word
+    return f"{cut.rstrip(' ,;:')}...{tail}"
 
 
 def run(cmd: list[str], timeout_s: float | None = None) -> str:
@@ -131,8 +172,7 @@ def node_state(node: str) -> NodeState:
     if line is None:
         raise SlurmError(f"sinfo knows no node {node!r}")
     state, _, reason = line.partition("|")
-    reason = reason.strip()
-    return NodeState(state.strip().lower().rstrip("*~#!%$@^-"), "" if reason == "none" else reason)
+    return parse_state(state, reason)
 
 
 def decide(node: str, result: Verdict, state: NodeState, prefix: str,
@@ -140,6 +180,15 @@ def decide(node: str, result: Verdict, state: NodeState, prefix: str,
     """slurm_error_ours: a "Prolog error"/"Epilog error" drain was caused by our own wrapper."""
     ours = state.reason.startswith(f"{prefix}:") or (
         slurm_error_ours and state.reason.startswith(SLURM_ERROR_REASONS))
+    if state.reboot_pending and (state.drained or not result.failed):
+        # An administrator's (or the remediation's) reboot decides what the node does next; a
+        # RESUME would cancel it and a new reason would hide it. The health check slurmd runs
+        # after the reboot judges the node again. Only a node still in service that fails is
+        # drained: a pending plain `scontrol reboot` does not keep new jobs off it.
+        return Action("none", node, f"{'fails' if result.failed else 'passes'}; a reboot is "
+                                    f"{'issued' if '^' in state.flags else 'pending'} "
+                                    f"({state.state}{state.flags}, {state.reason or 'no reason'}): "
+                                    "left to it, not resumed")
     if result.failed:
         reason = drain_reason(prefix, result.summary)
         if state.drained and not ours:

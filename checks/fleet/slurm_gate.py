@@ -44,6 +44,7 @@ RUNNING = "running.json"
 PROGRESS = "current-check"  # the id of the check the run started last (checks.node.watchdog)
 LOCK = ".lock"
 SLURM_ERROR = "slurm-error.json"  # our prolog/epilog exited non-zero without its own drain
+DRAINED = "drained.json"  # the verdict this node is drained for by nodecert (note_drain)
 TEXTFILE = "nodecert.prom"
 
 
@@ -274,6 +275,29 @@ def forget_slurm_error(state_dir: Path) -> None:
         (state_dir / SLURM_ERROR).unlink()
 
 
+def note_drain(state_dir: Path, summary: str) -> None:
+    """Best effort: the node is drained by nodecert for this verdict. When it is found in
+    service again with the same verdict kept, someone resumed it on purpose (an administrator's
+    RESUME ends nodecert's hold), and the Prolog does not drain it again for that old verdict."""
+    with contextlib.suppress(OSError):
+        _write_atomic(state_dir / DRAINED, json.dumps({
+            "summary": summary, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+
+
+def drained_for(state_dir: Path) -> str | None:
+    """The verdict summary note_drain kept, None when there is none or it cannot be read."""
+    try:
+        doc = json.loads((state_dir / DRAINED).read_text())
+    except (OSError, ValueError):
+        return None
+    return str(doc["summary"]) if isinstance(doc, dict) and "summary" in doc else None
+
+
+def forget_drain(state_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        (state_dir / DRAINED).unlink()
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a wrapper error, naming the errno (ENOSPC, EROFS ...) when there is one."""
     if isinstance(exc, OSError) and exc.errno is not None and exc.errno in errno.errorcode:
@@ -287,8 +311,10 @@ def describe_error(exc: BaseException) -> str:
 # -- the node_exporter textfile ---------------------------------------------------------------
 
 INTERVAL_METRIC = "nodecert_run_interval_seconds"
+CONFIG_METRIC = "nodecert_config_failure"
 # what a run with no report rewrites; every other series of the last report is carried over
-REWRITTEN = ("nodecert_host_healthy", "nodecert_last_run_timestamp_seconds", INTERVAL_METRIC)
+REWRITTEN = ("nodecert_host_healthy", "nodecert_last_run_timestamp_seconds", INTERVAL_METRIC,
+             CONFIG_METRIC)
 CARRY_MAX = 8 << 20  # bytes of an earlier textfile read back (a node's is a few hundred kB)
 
 
@@ -322,7 +348,7 @@ def _gauge(name: str, help_text: str, labels: dict[str, str], value: float) -> s
 
 
 def publish(textfile_dir: Path, node: str, level: str, report: dict[str, Any] | None,
-            interval_s: float | None = None) -> None:
+            interval_s: float | None = None, config_failure: bool = False) -> None:
     """DIR/nodecert.prom, replaced atomically: the report through the project's renderer, or,
     when the run left none (hang, crash), the host marked unhealthy with this run's time so no
     old PASS stays, and every other series of the last report carried over (a check whose FAIL
@@ -349,6 +375,11 @@ def publish(textfile_dir: Path, node: str, level: str, report: dict[str, Any] | 
                 + _gauge(f"{prometheus.PREFIX}_last_run_timestamp_seconds",
                          "When the last nodecert run on this host finished (Unix time).",
                          {"host": node}, time.time()))
+    # 0 on every run, 1 when nodecert's own configuration failed (refused options); the
+    # wrapper's shell writes 1 itself when no Python runs at all (slurm.FAIL_CLOSED)
+    text += _gauge(CONFIG_METRIC, "1 when nodecert itself failed on this host (refused options, "
+                   "missing interpreter, broken package), not the node.", {"host": host},
+                   1.0 if config_failure else 0.0)
     if interval_s is not None:
         text += _gauge(INTERVAL_METRIC, "How often nodecert runs on this host are scheduled "
                        "(seconds; Slurm's HealthCheckInterval).", {"host": host}, float(interval_s))
