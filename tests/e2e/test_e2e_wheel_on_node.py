@@ -48,6 +48,9 @@ WORKLOADS = ["nccl-allreduce", "dataloader-workers", "dataloader-shm", "dataload
 # What the real run judges of this machine rather than of the install (the root shares its
 # kernel, limits, swap and disk): allowed to say otherwise on another machine.
 MACHINE = {"memlock-limit", "swap", "disk-space", "shm-size", "cpu-numa", "os-supported"}
+# The site's policy the inventory gives the pytorch role (pytorch_site_policy): written to
+# /etc/nodecert/site.yaml once the venv's checks accept it, read by every run on the node.
+SITE_POLICY = {"profile": {"ecc": {"aggregate_corrected_warn": 1000}}, "skip": ["bmc-sensors"]}
 
 
 @dataclass
@@ -89,7 +92,8 @@ def node(make_host, debian12_tarball, base_vars, chroot_wrapper, ansible_home, w
     (tags preflight and pytorch select its preflight role and the pytorch role's checks) and the
     preflight and pytorch roles, as `make provision` runs them; no driver, CUDA or NCCL."""
     root = make_host(HOST, debian12_tarball)
-    inventory = runner.write_inventory(workdir / f"{HOST}.yml", {HOST: root}, chroot_wrapper, base_vars)
+    inventory = runner.write_inventory(workdir / f"{HOST}.yml", {HOST: root}, chroot_wrapper,
+                                       {**base_vars, "pytorch_site_policy": SITE_POLICY})
     result = runner.run_playbook(
         "provision.yml", inventory, ansible_home(HOST), "--tags", "preflight,pytorch"
     )
@@ -233,6 +237,31 @@ def test_fleet_report_and_slurm_wrappers_from_the_nodes_install(node):
 
 def nvidia_on_this_machine() -> bool:
     return any(p.read_text().strip() == "0x10de" for p in Path("/sys/bus/pci/devices").glob("*/vendor"))
+
+
+def test_the_site_policy_is_written_validated_and_read_by_the_nodes_runs(
+        node, chroot_wrapper, base_vars, ansible_home, workdir):
+    """The role wrote the inventory's policy where the checks read it by default; a run on the
+    node records it (file, digest, the keys it changed) and skips what it skips. A policy the
+    node's own checks refuse (an unknown key) fails the host and leaves the file as it was."""
+    site = node.path("/etc/nodecert/site.yaml")
+    assert yaml.safe_load(site.read_text()) == SITE_POLICY
+    assert oct(site.stat().st_mode & 0o777) == "0o644"
+    report = node.checks("--level", "quick", ok=(0, 1))
+    recorded = report["options"]["site"]
+    assert recorded["file"] == "/etc/nodecert/site.yaml" and len(recorded["sha256"]) == 64
+    assert recorded["changed"] == ["ecc.aggregate_corrected_warn"] and recorded["skip"] == ["bmc-sensors"]
+    assert "bmc-sensors" not in statuses(report)
+    before = site.read_bytes()
+    bad = {**SITE_POLICY, "profile": {"ecc": {"aggregate_corected_warn": 5}}}
+    inventory = runner.write_inventory(workdir / f"{HOST}-bad-site.yml", {HOST: node.root}, chroot_wrapper,
+                                       {**base_vars, "pytorch_site_policy": bad})
+    result = runner.run_playbook("provision.yml", inventory, ansible_home(HOST), "--tags",
+                                 "preflight,pytorch")
+    print(f"\nprovision.yml with a refused site policy: {result.seconds:.0f}s")
+    assert result.rc != 0, result.output[-3000:]
+    assert "unknown key ecc.aggregate_corected_warn" in result.output, result.output[-3000:]
+    assert site.read_bytes() == before
 
 
 def test_the_nodes_install_trains(node):
