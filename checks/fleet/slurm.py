@@ -433,12 +433,23 @@ def write_scripts(directory: Path, state_dir: Path, prefix: str, plan: slurm_con
         call_s = plan.prolog_call_timeout_s if sub[0] == "prolog" else plan.slurm_call_timeout_s
         lines = _sh_lines(name, sub[0], prefix, python, scontrol, shlex.join(args), textfile_dir,
                           call_s)
+        # the checks honour this node's GPU reset markers (checks.hw.kernel_log)
+        lines.insert(-2, f"NODECERT_STATE_DIR={shlex.quote(str(state_dir))}; "
+                         "export NODECERT_STATE_DIR")
         path = directory / name
         tmp = directory / f".{name}.tmp"
         tmp.write_text("\n".join(lines) + "\n")
         tmp.chmod(0o755)
         tmp.replace(path)
         written.append(path)
+    from checks.fleet import remediate  # the loop's command, for a timer: same options
+
+    path = directory / "nodecert-remediate"
+    path.write_text("\n".join(remediate.wrapper_lines(
+        python, scontrol, prefix, state_dir, plan.slurm_call_timeout_s, textfile_dir,
+        checks_args)) + "\n")
+    path.chmod(0o755)
+    written.append(path)
     return written
 
 
@@ -523,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="python -m checks --budget for the wrappers; one that cannot fit is refused")
     sc.add_argument("--textfile-dir", metavar="DIR",
                     help="node_exporter textfile directory the health check and epilog write to")
+    from checks.fleet import remediate
+
+    remediate.add_parser(sub, common, NODE_HELP, STATE_DIR)
     bs = sub.add_parser("batch-script", help="print an sbatch script for multi-node verification")
     bs.add_argument("--nodes", type=int, required=True)
     bs.add_argument("--out", default="reports/slurm", help="report directory (shared by the nodes)")
@@ -560,7 +574,8 @@ def _scripts(args: argparse.Namespace) -> int:
     plan = slurm_conf.plan(limits, args.timeout, budget)
     for path in write_scripts(Path(args.directory), Path(args.state_dir), args.prefix, plan,
                               args.checks_args, args.textfile_dir):
-        print(f"wrote {path} ({WRAPPERS[path.name][0]}={path})")
+        print(f"wrote {path} ({WRAPPERS[path.name][0]}={path})" if path.name in WRAPPERS else
+              f"wrote {path} (for a systemd timer or cron: the remediation loop)")
     print(f"deadlines from {limits.source}: checks {plan.check_timeout_s:g} s (HealthCheckProgram "
           f"limit {slurm_conf.HEALTH_CHECK_LIMIT_S:g} s), Slurm calls "
           f"{plan.slurm_call_timeout_s:g} s, prolog calls {plan.prolog_call_timeout_s:g} s")
@@ -608,6 +623,12 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_FAIL if result.failed else 0
 
 
+def _remediate(args: argparse.Namespace) -> int:
+    from checks.fleet import remediate
+
+    return remediate.main(args)
+
+
 def _gate(args: argparse.Namespace, extra: list[str]) -> int:
     if control.offline:  # the preview keeps no verdict the Prolog would read
         with tempfile.TemporaryDirectory(prefix="nodecert-dry-run.") as scratch:
@@ -653,8 +674,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         args.node = node_name(args.node or local_node(), "--node (or $SLURMD_NODENAME)")
-        if args.command == "prolog":
-            return prolog_run(args)
+        handler = {"prolog": prolog_run, "remediate": _remediate}.get(args.command)
+        if handler is not None:
+            return handler(args)
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise InputError("--timeout must be a positive number of seconds")
         extra = list(args.checks_args)

@@ -175,6 +175,17 @@ def node_state(node: str) -> NodeState:
     return parse_state(state, reason)
 
 
+# The remediation loop's own reasons (checks.fleet.remediate: "<prefix>: REBOOT ...", "VERIFY",
+# "RESET", "RMA", "HOLD"): a health check or Prolog neither resumes such a node (only a
+# verification at the level that caught the fault does) nor hides the stage behind a new reason.
+REMEDIATION_WORDS = ("RESET", "REBOOT", "VERIFY", "RMA", "HOLD")
+
+
+def held_by_remediation(reason: str, prefix: str) -> bool:
+    head = reason[len(prefix) + 1:].split(None, 1) if reason.startswith(f"{prefix}:") else []
+    return bool(head) and head[0] in REMEDIATION_WORDS
+
+
 def decide(node: str, result: Verdict, state: NodeState, prefix: str,
            slurm_error_ours: bool = False) -> Action:
     """slurm_error_ours: a "Prolog error"/"Epilog error" drain was caused by our own wrapper."""
@@ -189,6 +200,9 @@ def decide(node: str, result: Verdict, state: NodeState, prefix: str,
                                     f"{'issued' if '^' in state.flags else 'pending'} "
                                     f"({state.state}{state.flags}, {state.reason or 'no reason'}): "
                                     "left to it, not resumed")
+    if ours and held_by_remediation(state.reason, prefix):
+        return Action("none", node, f"{'fails' if result.failed else 'passes'}; held by nodecert's "
+                                    f"remediation ({state.reason}): it verifies and resumes")
     if result.failed:
         reason = drain_reason(prefix, result.summary)
         if state.drained and not ours:
