@@ -126,3 +126,17 @@ def test_the_validator_the_role_runs(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "unknown key eccc" in r.stderr
     assert r.stderr.count("\n") == 1
+
+
+def test_an_unknown_model_takes_the_sites_floors_for_generic(tmp_path):
+    """INV003's remedy: a model without a profile is judged by generic; the site gives its own
+    floors for it under models.generic, and the report says so."""
+    policy = _write(tmp_path, "models:\n  generic:\n    ecc: {aggregate_corrected_warn: 0}\n")
+    out = tmp_path / "unknown.json"
+    rc = node_cli.main(["--simulate", "unknown-gpu-model", "--level", "quick", "-q", "--json", str(out),
+                        "--site", str(policy), "--only", "gpu-profile"])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["profile"]["name"] == "generic"
+    assert report["options"]["site"]["changed"] == ["ecc.aggregate_corrected_warn"]
+    (result,) = report["checks"][0]["results"]
+    assert "site.yaml" in result["remedy"] and "checks/profiles" not in result["remedy"]

@@ -72,7 +72,9 @@ def gpu_profile(ctx: Context) -> Result:
     if profile.unknown_models:
         return warn(f"unknown GPU model {', '.join(profile.unknown_models)}: using the generic "
                     "profile (no model-specific thresholds)", value=profile.name,
-                    remedy="add a profile under checks/profiles/ or pass --profile NAME")
+                    remedy="pass --profile NAME for a model that matches, or set this site's "
+                           "floors under models.generic in /etc/nodecert/site.yaml "
+                           "(docs/checks.md, 'Tuning for your site')")
     return passed(f"profile {profile.name}: {profile.description} ({profile.reason})",
                   value=profile.name)
 
