@@ -136,6 +136,11 @@ def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
            [[row.host, row.rails or "-", row.transports or "-", row.rail_runs or "-"]
             for row in summarise(fleet.hosts)])
     counts = "  ".join(f"{k} {v}" for k, v in fleet.summary.items() if v and k != "hosts")
+    policies = fleet.site_policies
+    if len(policies) > 1:  # one policy is the rule; more say some hosts judge with other numbers
+        console.print(plain("site policies: " + ", ".join(
+            f"{k} on {n} host{'s' if n > 1 else ''}" for k, n in policies.items())
+            + " (hosts[].site in the JSON; docs/checks.md, 'Tuning for your site')", style="yellow"))
     style = "bold red" if fleet.verdict == "FAIL" else "bold green"
     console.print(plain(f"{fleet.verdict}  run {fleet.run_id}: {fleet.summary['hosts']} hosts  {counts}",
                         style=style))

@@ -38,7 +38,7 @@ from checks.report import stragglers as strag
 from checks.report import summary as summary_
 from checks.report.findings import Drift, Finding, HostEntry, Lemon
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 HOST_STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "MISSING")
 PROBLEM_STATUSES = ("FAIL", "ERROR", "MISSING")
 
@@ -94,6 +94,13 @@ class Fleet:
     def summary(self) -> dict[str, int]:
         counts = Counter(h.status for h in self.hosts)
         return {"hosts": len(self.hosts), **{s: counts.get(s, 0) for s in HOST_STATUSES}}
+
+    @property
+    def site_policies(self) -> dict[str, int]:
+        """Hosts per site policy they ran under ("package" for none): one policy is the rule; two
+        say some nodes judge with other thresholds than their peers."""
+        counts = Counter(h.site or "package" for h in self.hosts if h.report is not None)
+        return dict(sorted(counts.items()))
 
     @property
     def verdict(self) -> str:
@@ -156,6 +163,7 @@ class Fleet:
             "straggler_rule": {"default_pct": strag.DEFAULT_PCT, "warn_fraction": strag.WARN_FRACTION,
                                "min_peers": strag.MIN_PEERS},
             "verdict": self.verdict, "exit_code": self.exit_code, "summary": self.summary,
+            "site_policies": self.site_policies,
             "hosts": hosts,
             "by_check": [c.to_dict() for c in self.by_check],
             "figures": [s.to_dict() for s in self.figure_stats],
@@ -164,6 +172,17 @@ class Fleet:
             "drift": [d.to_dict() for d in self.drifts],
             "digests": self.digests.to_dict() if self.digests else None,
         }
+
+
+def site_of(report: Mapping[str, Any]) -> str | None:
+    """The short digest of the site file a report says it ran under (options.site.sha256), None
+    without one or for one that is not a digest (a report's text is not trusted)."""
+    options = report.get("options")
+    site = options.get("site") if isinstance(options, Mapping) else None
+    digest = site.get("sha256") if isinstance(site, Mapping) else None
+    if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+        return digest[:12]
+    return None
 
 
 @functools.cache
@@ -406,7 +425,7 @@ def aggregate(found: Iterable[loader.HostReport], *, expected_hosts: Iterable[st
         entries[item.host] = HostEntry(
             item.host, _host_status(report), host_errors.get(item.host), item.report["host"],
             report["profile"]["name"], dict(report["summary"]), report=report,
-            report_finished_at=finished_at(report))
+            report_finished_at=finished_at(report), site=site_of(report))
         published[item.host], facts[item.host] = _kept(item, item.report)
     for host in [*(expected_hosts or ()), *host_errors]:
         if host not in entries:

@@ -46,12 +46,15 @@ class HostEntry:
     # When its newest report finished (Unix time): this run's report, else the last one the
     # history holds; None when no report of it was ever seen.
     report_finished_at: float | None = None
+    # The site policy it ran under (checks/site.py): the first 12 hex digits of the site file's
+    # SHA-256, None for the package's own profiles (docs/checks.md, "Tuning for your site").
+    site: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason,
                 "hostname": self.hostname, "profile": self.profile, "summary": self.summary,
                 "problems": self.problems, "findings": [f.to_dict() for f in self.findings],
-                "report_finished_at": self.report_finished_at}
+                "report_finished_at": self.report_finished_at, "site": self.site}
 
 
 @dataclass(frozen=True)
