@@ -111,11 +111,46 @@ def _digest_rows(fleet: Fleet) -> list[Row]:
              (odd.majority or "none")[:12], _status(odd.status)] for odd in odd_ones]
 
 
+# Below this many columns the eight columns of "hosts to act on" fold every cell into slivers
+# (10 hosts took 230 lines of an 80-column pipe): each fault is then one line (host, GPU,
+# status, code, cause) with what was seen, the remedy and the commands indented below it.
+WIDE_COLUMNS = 140
+
+
+def _act_on_blocks(console: Console, found: list[act_on.Row]) -> None:
+    if not found:
+        return
+    console.print(plain("hosts to act on", "bold"))
+    for r in found:
+        code = r.fault_code or ("" if r.kind in ("check", "report") else r.kind)
+        head = Text()
+        head.append(f"{r.host}  ")
+        head.append_text(_status(r.status))
+        head.append("  " + "  ".join(filter(None, (code, r.check, r.gpu_text()))))
+        console.print(head, overflow="fold")
+        lines = [("seen", r.message)]
+        if r.also:
+            lines.append(("also", ", ".join(r.also)))
+        if r.dependents:
+            lines.append(("not measured", f"{len(r.dependents)} checks because of it"))
+        if r.remedy:
+            lines.append(("remedy", r.remedy))
+        lines += [("confirm", c) for c in r.confirm]
+        if r.fault_code:
+            lines.append(("see", r.see()))
+        for label, text in lines:
+            console.print(plain(f"    {label}: {' '.join(str(text).split())}"), overflow="fold")
+
+
 def render(fleet: Fleet, console: Console, verbose: bool = False) -> None:
     """The tables in the order an operator acts: what to do on which host first."""
     found = act_on.rows(fleet.hosts)
-    _print(console, "hosts to act on", ("host", "GPU", "status", "code", "root cause", "what was seen",
-                                        "remedy", "confirm with"), _act_on_rows(found))
+    if console.width < WIDE_COLUMNS:
+        _act_on_blocks(console, found)
+    else:
+        _print(console, "hosts to act on", ("host", "GPU", "status", "code", "root cause",
+                                            "what was seen", "remedy", "confirm with"),
+               _act_on_rows(found))
     _print(console, f"hosts{'' if verbose else ' not passing'}",
            ("host", "status", "profile", "checks not passed, findings", "note"), _host_rows(fleet, verbose))
     _print(console, "checks not passed", ("check", "status", "hosts", "where"),
