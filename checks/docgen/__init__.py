@@ -13,6 +13,8 @@ gpu_models: the GPU-model lists of README.md, docs/checks.md, docs/blackwell.md 
     docs/scenarios.md from checks/profiles/*.yaml and the shipped scenarios.
 trainer_tables: docs/trainer.md's `--size large` cost and traced-memory tables from
     trainer/sizes.py, the profiles and benchmarks/large_memory.json.
+profile_digests: checks/schema/profile-digests.json, the shipped profiles the tests validated
+    (a profile whose text is listed there is not validated again at run time).
 
 A new module here is a generator too (it needs `main(argv) -> int` taking [], ["--write"] or
 ["--check"]); only the modules of HELPERS are not.

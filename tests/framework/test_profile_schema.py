@@ -54,7 +54,40 @@ def profile_lookups() -> list[tuple[str, int, str, ast.expr | None]]:
 
 @pytest.mark.parametrize("name", profiles.available())
 def test_every_shipped_profile_validates(name: str) -> None:
+    """Validated here, explicitly: at run time a profile whose text the digest table lists
+    (checks/schema/profile-digests.json) is not validated again, so this is where it is."""
+    import yaml
+
+    profiles.validate(yaml.safe_load((profiles.PROFILE_DIR / f"{name}.yaml").read_text()),
+                      f"checks/profiles/{name}.yaml")
     profiles.load(name)
+
+
+def test_the_digest_table_is_the_shipped_profiles() -> None:
+    import hashlib
+
+    table = json.loads(profiles.DIGESTS.read_text())["sha256"]
+    assert table == {n: hashlib.sha256((profiles.PROFILE_DIR / f"{n}.yaml").read_bytes()).hexdigest()
+                     for n in profiles.available()}, "run: python -m checks.docgen.profile_digests --write"
+
+
+def test_a_profile_edited_in_place_is_validated_again(tmp_path, monkeypatch) -> None:
+    """A text the table does not list (an operator's edit of an installed profile) is validated on
+    every load, as before the table: a typo is still a load error naming the file and the key."""
+    import shutil
+
+    for path in profiles.PROFILE_DIR.glob("*.yaml"):
+        shutil.copy(path, tmp_path / path.name)
+    edited = tmp_path / "h100-sxm.yaml"
+    edited.write_text(edited.read_text() + "ecc: {volatile_uncorected_max: 0}\n")
+    monkeypatch.setattr(profiles, "PROFILE_DIR", tmp_path)
+    profiles._parse.cache_clear()
+    try:
+        with pytest.raises(profiles.ProfileError, match=r"unknown key ecc\.volatile_uncorected_max"):
+            profiles.load("h100-sxm")
+        profiles.load("a100-80gb")  # unchanged texts still load
+    finally:
+        profiles._parse.cache_clear()
 
 
 def test_a_typo_is_a_load_error_naming_file_and_key() -> None:
