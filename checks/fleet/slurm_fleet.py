@@ -9,7 +9,8 @@ no single node can see: stragglers (a GPU or host below its peers' median), dige
 in N of the last M runs), and each host's folded status. A FAIL finding drains the host with
 `<prefix>: fleet <finding>`; a WARN, an ERROR host (could not measure) and a MISSING host are
 reported, never drained, and never resumed. A host drained by an earlier fleet run
-(`<prefix>: fleet ...`) and PASS now is resumed.
+(`<prefix>: fleet ...`) and PASS now is resumed, unless a reboot is pending or issued (sinfo's
+@ or ^: a RESUME would cancel it).
 
 The guard (like Meta's gcm): in each Slurm partition, at most --max-drain-fraction of its nodes
 (at least one) may be drained at once, counting the nodes already drained for any reason. What
@@ -118,8 +119,7 @@ def membership() -> Membership:
         partitions[part].add(node)
         of_node[node].add(part)
         hostnames[node] = hostname
-        reason = "" if reason == "none" else reason
-        states[node] = sl.NodeState(state.lower().rstrip("*~#!%$@^-"), reason)
+        states[node] = sl.parse_state(state, reason)  # keeps @ and ^: a reboot is due
     return Membership(dict(partitions), dict(of_node), states, hostnames)
 
 
@@ -136,6 +136,18 @@ SEVERITY = ("digest mismatch", "host FAIL", "lemon GPU", "drift", "straggler")
 
 def _rank(finding: str) -> int:
     return next((i for i, kind in enumerate(SEVERITY) if finding.startswith(kind)), len(SEVERITY))
+
+
+def _resume(found: HostFindings, state: sl.NodeState, apply: bool) -> None:
+    """A host a fleet run drained passes now: resumed, unless a reboot is pending or issued (a
+    RESUME would cancel it, scontrol(1); the node is judged after the reboot)."""
+    if state.reboot_pending:
+        print(f"{found.node}: {found.status}; a reboot is "
+              f"{'issued' if '^' in state.flags else 'pending'} ({state.state}{state.flags}, "
+              f"{state.reason}): left to it, not resumed")
+        return
+    sl.act(sl.Action("resume", found.node, f"{found.status} in this fleet run; drained by a "
+                                           f"fleet run ({state.reason})"), apply)
 
 
 def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) -> int:
@@ -196,8 +208,7 @@ def act_on_summary(path: Path, prefix: str, apply: bool, max_fraction: float) ->
             print(f"{found.node}: {found.status}: could not be judged; reported, not drained "
                   "or resumed")
         elif state.drained and state.reason.startswith(fleet_ours):
-            sl.act(sl.Action("resume", found.node, f"{found.status} in this fleet run; drained "
-                                                   f"by a fleet run ({state.reason})"), apply)
+            _resume(found, state, apply)
         else:
             print(f"{found.node}: {found.status}; {state.state or 'state unknown'}, nothing to do")
     return sl.EXIT_FAIL if failed else 0

@@ -28,7 +28,9 @@ SLOW = Slow("node0002", "matmul_bf16_tflops", 0.80, gpu=3)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
-    with local_cluster(tmp_path_factory.mktemp("fleetslurm"), NODES, cpus=1) as c:
+    # RebootProgram: scontrol reboot is refused without one; no test here lets a reboot run
+    with local_cluster(tmp_path_factory.mktemp("fleetslurm"), NODES, cpus=1,
+                       extra_conf={"RebootProgram": "/bin/true"}) as c:
         yield c
 
 
@@ -154,3 +156,28 @@ def test_drift_below_a_gpus_own_history_drains_its_host(slurm_env, tmp_path, h10
     # WARN drift is reported, not drained; hosts Slurm does not know are named, not acted on.
     assert "node0006: note: drift " in out and "node0006: not a node of this Slurm cluster" in out
     assert slurm_env.node_state("node0001") == ("idle", "")
+
+
+def test_a_fleet_drain_with_a_reboot_pending_is_not_resumed(slurm_env, summaries, tmp_path,
+                                                            capsys) -> None:
+    """A RESUME cancels a pending reboot: the fleet path reads sinfo's @ as the node path does."""
+    done = tmp_path / "job-may-end"
+    job = slurm_env.run("sbatch", "--parsable", "-w", "node0000", "-o", "/dev/null", "--wrap",
+                        f"while [ ! -e {done} ]; do sleep 0.2; done").strip()
+    try:
+        slurm_env.wait_for(lambda: "alloc" in slurm_env.node_state("node0000")[0], 30, "the job")
+        assert slurm.main(["report", str(summaries["bad"]), "--apply"]) == 1
+        reason = slurm_env.node_state("node0000")[1]
+        assert reason.startswith("NODECERT: fleet digest mismatch")
+        slurm_env.run("scontrol", "reboot", "ASAP", "node0000")  # Slurm waits for the job
+        assert slurm.main(["report", str(summaries["healthy"]), "--apply"]) == 0
+        out = capsys.readouterr().out
+        assert "node0000: PASS; a reboot is pending (draining@" in out, out
+        assert "ran: scontrol update NodeName=node0000 State=RESUME" not in out
+        state = slurm_env.run("sinfo", "-h", "-N", "-n", "node0000", "-o", "%T|%E").strip()
+        assert state == f"draining@|{reason}", state
+    finally:
+        slurm_env.run("scontrol", "cancel_reboot", "node0000", check=False)
+        slurm_env.run("scancel", job, check=False)
+        done.touch()
+        slurm_env.wait_for(lambda: not slurm_env.run("squeue", "-h").strip(), 30, "the job to end")
