@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from checks.fleet import slurm_gate
+from checks.fleet import remediate_evidence, remediate_state, slurm_gate
 from checks.render import prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,7 +81,13 @@ def exported(tmp_path_factory, h100_report) -> set[str]:
     # and what the Slurm wrapper publishes itself: a run's report with the interval, a hung run
     slurm_gate.publish(work / "gate", "node0000", "quick", h100_report, 600)
     slurm_gate.publish(work / "hung", "node0001", "quick", None, 600)
-    return {line.split()[2] for d in ("textfiles", "nodes", "drift", "gate", "hung")
+    # and the remediation loop's file (nodecert-remediate on a node)
+    state = work / "remediation-state"
+    run = remediate_state.Run("node0002", state / remediate_state.DIR, state, "NODECERT", True,
+                              remediate_state.Policy(), [], work / "remediation")
+    run.log("reboot", "ok", "detected", "rebooting", remediate_state.Record(stage="rebooting"))
+    remediate_evidence.publish(run)
+    return {line.split()[2] for d in ("textfiles", "nodes", "drift", "gate", "hung", "remediation")
             for f in (work / d).glob("*.prom")
             for line in f.read_text().splitlines() if line.startswith("# TYPE ")}
 
