@@ -232,7 +232,7 @@ def parse_kmsg(text: str) -> list[str]:
 
 
 # --- GPU reset markers -------------------------------------------------------------------------
-# The remediation loop (checks/fleet/remediate.py) resets a GPU and records a marker: this boot's
+# The remediation loop (checks/fleet/remediate_actions.py) resets a GPU and records a marker: this boot's
 # id, the kernel clock when the reset had finished, the GPU. A line that names that GPU's PCI
 # address and was logged before its reset belongs to the fault the reset cured: the kernel-log
 # checks set it aside (and say so), so the XID that caused the reset does not fail every check
