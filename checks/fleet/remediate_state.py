@@ -102,6 +102,22 @@ class Seen:
     reason_at: float | None  # when the reason was set (sinfo %H), None when unknown
 
 
+def note_resume(state_dir: Path, node: str, by: str, reason: str) -> None:
+    """A resume of one of nodecert's drains done outside the loop (the health check resumes its
+    own plain drains when it passes), written to the loop's action log: the loop counts
+    drain/resume cycles from the log, so a node the health check drains and resumes over and
+    over still escalates as flapping. Best effort: a log that cannot be written changes nothing
+    else (the resume itself is done)."""
+    entry = {"t": round(time.time(), 3), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "node": node,
+             "action": "resume", "result": "ok", "stage_before": "drained", "stage_after": "in-service",
+             "fault": "", "gpus": [], "remedy": "", "attempt": 0, "detail": f"by {by}: {reason}"}
+    with contextlib.suppress(OSError):
+        directory = state_dir / DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / LOG, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
 @dataclass
 class Run:
     node: str

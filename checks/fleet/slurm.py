@@ -153,6 +153,10 @@ def _act_here(node: str, result: Verdict, state_dir: Path, prefix: str, apply: b
             return True
     if action.kind == "resume" and apply and ours:
         gate.forget_slurm_error(state_dir)
+    if action.kind == "resume" and apply and state.drained:
+        from checks.fleet.remediate_state import note_resume  # a cycle the loop counts
+
+        note_resume(state_dir, node, "health check", state.reason)
     if apply and result.failed and (action.kind == "drain" or (
             state.drained and state.reason.startswith(f"{prefix}:"))):
         gate.note_drain(state_dir, result.summary)
