@@ -16,6 +16,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 LOCK_TIMEOUT = 5
 UNREACHABLE_SOURCE = "http://127.0.0.1:9/offline"  # the discard port: nothing listens there
+MIRROR_GAP_DIR = "srv/mirror-gap"  # the node's mirror of Ubuntu's archive, inside its root
+MIRROR_GAP_KERNEL = "6.94.0-7-generic"
+MIRROR_GAP_FILE = "nvidia-kernel-common-580-server"
 EXAMPLE_CHECKSUM = re.search(
     r"^cuda_toolkit_repo_key_checksum=(\S+)$", (runner.REPO / "inventory.example").read_text(), re.M
 ).group(1)
@@ -37,6 +40,7 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
         "unreachable-source",
         "modules-gap",
         "modules-gap-auto",
+        "mirror-gap",
     )
     roots = {name: make_host(name, debian12_tarball) for name in names}
     rootfs.pretend_os(roots["unsupported-os"], "ubuntu", "Ubuntu", "20.04", "focal")
@@ -54,7 +58,30 @@ def faults(make_host, debian12_tarball, base_vars, stand_in_repo, chroot_wrapper
     (roots["unreachable-source"] / "etc/apt/sources.list.d/offline-mirror.list").write_text(
         f"deb [trusted=yes] {UNREACHABLE_SOURCE} ./\n"
     )
+    # A mirror that lists a file it does not serve (a lagging mirror; Ubuntu's archive copy here for
+    # jammy's nvidia-kernel-common-580-server 580.196.07): the driver and its modules listed, one
+    # file of them gone from the pool. apt read the index before the run, as on a node in service.
+    mirror = roots["mirror-gap"] / MIRROR_GAP_DIR
+    aptrepo.publish_flat(
+        mirror,
+        [
+            *aptrepo.canonical_user_space("580", aptrepo.ARCHIVE_DRIVER_2026_12_04),
+            aptrepo.precompiled_modules("580", MIRROR_GAP_KERNEL, aptrepo.ARCHIVE_DRIVER_2026_12_04),
+        ],
+        workdir / "build-mirror-gap",
+    )
+    (missing,) = mirror.glob(f"{MIRROR_GAP_FILE}_*.deb")
+    missing.unlink()
+    (roots["mirror-gap"] / "etc/apt/sources.list.d/mirror-gap.list").write_text(
+        f"deb [trusted=yes] file:/{MIRROR_GAP_DIR} ./\n"
+    )
+    runner.in_root(
+        roots["mirror-gap"], "apt-get", "update", "-q",
+        "-o", "Dir::Etc::sourcelist=sources.list.d/mirror-gap.list",
+        "-o", "Dir::Etc::sourceparts=-", "-o", "APT::Get::List-Cleanup=0",
+    )
     host_vars = {
+        "mirror-gap": {"nvidia_driver_kernel_release": MIRROR_GAP_KERNEL},
         "bad-checksum": {
             "cuda_toolkit_repo_key_checksum": "sha256:" + hashlib.sha256(b"another file").hexdigest()
         },
@@ -244,6 +271,20 @@ def test_interrupted_dpkg_stops_in_preflight_with_one_line(faults):
         "sudo dpkg --configure -a there, then run again."
     ), result
     assert untouched(roots["dpkg-interrupted"])
+
+
+def test_a_mirror_that_lists_a_file_it_does_not_serve_stops_before_any_change(faults):
+    roots, result = faults
+    message = result.failure("mirror-gap")
+    version = aptrepo.ARCHIVE_DRIVER_2026_12_04
+    assert message.startswith("mirror-gap: apt lists driver packages its sources do not serve"), result
+    missing = f"file:/{MIRROR_GAP_DIR}/./{MIRROR_GAP_FILE}_{version}-0ubuntu1_amd64.deb (File not found"
+    assert missing in message, message
+    assert "nothing was changed" in message and "\n" not in message.strip(), message
+    # Stopped in the first play: no CUDA key or source, no NVIDIA package, no scratch left behind.
+    assert untouched(roots["mirror-gap"])
+    assert not (roots["mirror-gap"] / "etc/apt/keyrings/nvidia-cuda.asc").exists()
+    assert not list((roots["mirror-gap"] / "var/cache/apt").glob("nodecert-fetch.*"))
 
 
 def test_failed_host_stops_the_rollout_before_the_next_batch(
