@@ -225,7 +225,12 @@ def test_fleet_report_and_slurm_wrappers_from_the_nodes_install(node):
 
     done = node.python("-m", "checks.fleet.slurm", "scripts", "slurm")
     scripts = {p.name: p for p in node.path(f"{RUN}/slurm").iterdir()}
-    assert set(scripts) == {"nodecert-healthcheck", "nodecert-prolog", "nodecert-epilog"}, done.stdout
+    assert set(scripts) == {"nodecert-healthcheck", "nodecert-prolog", "nodecert-epilog",
+                            "nodecert-remediate"}, done.stdout
+    # the remediation loop's command for a timer: the node's venv too
+    assert f"exec {VENV}/bin/python -m checks.fleet.slurm remediate --apply " in \
+        scripts["nodecert-remediate"].read_text()
+    assert scripts["nodecert-remediate"].stat().st_mode & 0o111
     for name, command in (("nodecert-healthcheck", "health-check"), ("nodecert-prolog", "prolog"),
                           ("nodecert-epilog", "epilog")):
         text = scripts[name].read_text()

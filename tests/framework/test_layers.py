@@ -80,6 +80,7 @@ def test_every_project_import_resolves_to_a_module() -> None:
                  "checks.model", "checks.resources")),
     ("checks.model", ("checks.model",)),
     ("checks.profiles", ("checks.profiles", "checks.model", "checks.resources", "checks.safeyaml")),
+    ("checks.site", ("checks.site", "checks.profiles", "checks.safeyaml")),
     ("checks.report_schema", ("checks.report_schema", "checks.model", "checks.resources",
                               "checks.safeio", "checks.environment")),
     # output_file remembers the file an output option names (safeio.remember: concurrent runs)
@@ -91,7 +92,7 @@ def test_every_project_import_resolves_to_a_module() -> None:
     ("checks.node", ("checks.node", "checks.hw", "checks.supervise", "checks.model", "checks.render",
                      "checks.resources", "checks.kernlog", "checks.report", "checks.safeio",
                      "checks.safeyaml", "checks.environment",
-                     "checks.profiles", "checks.report_schema", "checks.cliutil",
+                     "checks.profiles", "checks.site", "checks.report_schema", "checks.cliutil",
                      "trainer")),
 ])
 def test_imports_follow_the_layers(layer: str, allowed: tuple[str, ...]) -> None:

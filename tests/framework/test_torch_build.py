@@ -46,7 +46,9 @@ class Host:
         if self.smi is not None:
             smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{self.smi}\nEOF\nexit {self.smi_rc}\n")
             smi.chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+        # As a user's shell has it: not what an enclosing `make test` exported to its recipes
+        # (VENV among them, which would make VENV's origin "environment": not the default).
+        env = {k: v for k, v in os.environ.items() if k not in MAKE_ENV}
         return {**env, "NODECERT_SYSFS": str(sysfs), "NODECERT_NVIDIA_SMI": str(smi),
                 "NODECERT_MACHINE": self.machine, "PROVISIONED_VENV": str(tmp / "no-provisioned-venv")}
 
@@ -85,6 +87,11 @@ REFUSED = {
     "580-volta-on-aarch64": (Host("580.95.05", gpus("580.95.05", "7.0", 1), machine="aarch64"),
                              ["no Volta kernels on aarch64"]),
 }
+
+
+# make's own variables and what the Makefile exports to its recipes
+MAKE_ENV = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "INVENTORY", "LEVEL", "ARGS", "CHECK", "VENV",
+            "TEST_JOBS", "PYTHON", "TORCH_PIN")
 
 
 def make(where: Path, *args: str, env: dict[str, str],
