@@ -93,9 +93,10 @@ class Row:
 
 
 @functools.lru_cache(maxsize=1)
-def catalogue() -> dict[str, tuple[str, ...]]:
-    """Fault code -> the commands that confirm it by hand; empty when the catalogue is not
-    installed or cannot be read (the rows then only point at the troubleshooting page)."""
+def faults() -> dict[str, dict[str, Any]]:
+    """checks/report/faults.yaml: fault code -> its entry; empty when it is not installed or
+    cannot be read (callers then fall back: rows point at the troubleshooting page only, every
+    remedy is `none`)."""
     node = resources.data("report", "faults.yaml")
     try:
         data = safeyaml.load(node.read_text(encoding="utf-8")) if node.is_file() else {}
@@ -103,8 +104,14 @@ def catalogue() -> dict[str, tuple[str, ...]]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(code): tuple(c for c in entry.get("confirm") or () if isinstance(c, str))
-            for code, entry in data.items() if isinstance(entry, dict)}
+    return {str(code): entry for code, entry in data.items() if isinstance(entry, dict)}
+
+
+@functools.lru_cache(maxsize=1)
+def catalogue() -> dict[str, tuple[str, ...]]:
+    """Fault code -> the commands that confirm it by hand."""
+    return {code: tuple(c for c in entry.get("confirm") or () if isinstance(c, str))
+            for code, entry in faults().items()}
 
 
 def confirm_commands(fault_code: str | None) -> tuple[str, ...]:

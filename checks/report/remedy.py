@@ -20,10 +20,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from checks import resources, safeyaml
-
 CLASSES = ("recheck", "gpu-reset", "reboot", "reprovision", "rma", "none")
 
 # Strongest first. `none` sits just below `rma`: a person must decide, whatever else failed,
@@ -96,15 +92,10 @@ class Remedy:
 def table() -> dict[str, str]:
     """Fault code -> remedy class from faults.yaml; empty when it is not installed or unreadable
     (every code then maps to `none`: a person decides, nothing is done unattended)."""
-    node = resources.data("report", "faults.yaml")
-    try:
-        data = safeyaml.load(node.read_text(encoding="utf-8")) if node.is_file() else {}
-    except (OSError, ValueError, yaml.YAMLError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(code): str(entry["remedy"]) for code, entry in data.items()
-            if isinstance(entry, dict) and entry.get("remedy") in CLASSES}
+    from checks.report.act_on import faults
+
+    return {code: str(entry["remedy"]) for code, entry in faults().items()
+            if entry.get("remedy") in CLASSES}
 
 
 def default_remedy(fault_code: str) -> str:
