@@ -145,10 +145,12 @@ def test_without_the_catalogue_a_row_points_at_the_page(fleet: aggregate.Fleet, 
         if text is not None:
             catalogue.write_text(text)
         act_on.catalogue.cache_clear()
+        act_on.faults.cache_clear()
         try:
             lost = act_on.rows(fleet.hosts)[1]
         finally:
             act_on.catalogue.cache_clear()
+            act_on.faults.cache_clear()
         assert lost.check == "gpu-count" and lost.confirm == ()
         assert lost.see() == "docs/troubleshooting.md#inv004"
     monkeypatch.undo()
