@@ -57,7 +57,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from checks import cliutil, safeio
+from checks import cliutil, profiles, safeio
 from checks.hw.base import Backend, HardwareError
 from checks.supervise import procs
 
@@ -173,7 +173,7 @@ def trainer_estimate(hw: Backend, gpus: int) -> float:
         if memory and peak:
             cost = sizes.estimate(float(memory), float(peak), gpus, sizes.LARGE_STEPS_PER_RUN)
             return base + float(cost["job_s"] or 0.0)
-    except Exception:  # no profile: the fixed part only
+    except (HardwareError, profiles.ProfileError, TypeError, ValueError):  # no profile: fixed part only
         pass
     return base
 

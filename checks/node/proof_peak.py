@@ -4,9 +4,8 @@ One rank per usable GPU (NVML's GPUs, narrowed by CUDA_VISIBLE_DEVICES), all-red
 reduce-scatter, all-to-all and broadcast, from 1 MiB up past where NCCL's NVLS all-reduce peaks
 on 8 NVSwitch GPUs (2-8 GiB; nccl-tests#212 in the shared notes): the check's own sweep stops at
 the size a profile's floor is published at. The top size is sized from the GPUs' *free* memory,
-never their total: a verified all-reduce holds input, output and a reference copy per rank, and
-NCCL and the allocator want room of their own (BUFFERS_PER_RANK), so on a 40 or 48 GB GPU the
-sweep stops below 8 GiB and says so (`sized`).
+never their total, by the rule the ranks cut sizes with (busbw.max_verified_bytes: the buffers a
+verified op holds plus NCCL's and the allocator's headroom), and the JSON says so (`sized`).
 
 With --simulate SCENARIO (the proof's CPU rehearsal, docs/gpu-proof.md) the GPUs and their free
 memory come from the scenario, the ranks are two CPU processes over gloo (the project's CPU
@@ -32,7 +31,6 @@ from checks.hw.base import Backend, HardwareError, NotSupported
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 MIN_BYTES = 1 << 20
 MAX_BYTES = 8 << 30
-BUFFERS_PER_RANK = 4  # input, output, the reference copy, and as much again for NCCL/allocator
 SIMULATED_MAX_BYTES = 4 << 20
 SIMULATED_RANKS = 2
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
@@ -52,12 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def largest_message(free_bytes: Sequence[int], cap: int = MAX_BYTES) -> int:
-    """The largest power-of-two message (at most `cap`) whose verified all-reduce fits the
-    least free GPU: BUFFERS_PER_RANK buffers of that size. 0 when not even MIN_BYTES fits."""
+    """The largest power-of-two message (at most `cap`) every op of the sweep can run and verify
+    on the least free GPU (busbw.max_verified_bytes: the buffers each op holds, plus NCCL's and
+    the allocator's headroom; the ranks cut by the same rule). 0 when not even MIN_BYTES fits."""
+    from checks.hw.measure import busbw
+
     least = min(free_bytes) if free_bytes else 0
+    top = min(busbw.max_verified_bytes(least, op) for op in OPS)
     size = cap
     while size >= MIN_BYTES:
-        if size * BUFFERS_PER_RANK <= least:
+        if size <= top:
             return size
         size //= 2
     return 0
@@ -112,8 +114,7 @@ def measure(hw: Backend, *, simulated: bool, timeout_s: float) -> tuple[dict[str
     except HardwareError as exc:
         return {"error": f"could not read the GPUs' free memory to size the sweep: {exc}"}, EXIT_FAILED
     top = largest_message(free)
-    sized = {"gpus": gpus, "free_bytes": free, "buffers_per_rank": BUFFERS_PER_RANK,
-             "max_bytes_for_memory": top}
+    sized = {"gpus": gpus, "free_bytes": free, "max_bytes_for_memory": top}
     if top == 0:
         return {"skipped": f"least free GPU memory {min(free)} B holds no {MIN_BYTES} B message",
                 "sized": sized}, EXIT_FAILED

@@ -309,3 +309,18 @@ def node_report(tmp_path: Path, base: dict[str, Any], broken: Sequence[Any] = ()
     path = tmp_path / "gpu07.json"
     path.write_text(json.dumps(report))
     return path
+
+
+def role_shims(base: Path, roles: dict[str, str], conf: dict[str, str]) -> dict[str, str]:
+    """slurm.conf entries (`roles`: key -> wrapper name) pointing at shims in base/shims that run
+    base/nodes/<hostname>/<name> when a test has put one there (else exit 0): each node's
+    wrapper is swapped per test without restarting the daemons. Returns `conf` with them."""
+    shims = base / "shims"
+    shims.mkdir(exist_ok=True)
+    for key, name in roles.items():
+        shim = shims / name
+        shim.write_text(f'#!/bin/sh\nw={base}/nodes/$(hostname)/{name}\n'
+                        f'[ -x "$w" ] && exec "$w"\nexit 0\n')
+        shim.chmod(0o755)
+        conf[key] = str(shim)
+    return conf

@@ -24,7 +24,7 @@ import pytest
 from checks.fleet import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmcluster import SlurmCluster, need_cluster
+from slurmcluster import SlurmCluster, need_cluster, role_shims
 
 NODES = ("hc1", "hc2", "hc3")
 SCENARIOS = Path(slurm.__file__).resolve().parents[1] / "scenarios"
@@ -58,16 +58,9 @@ def mounts(tmp_path_factory) -> Iterator[dict[str, Path]]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, mounts) -> Iterator[SlurmCluster]:
     base = tmp_path_factory.mktemp("gate")
-    shims = base / "shims"
-    shims.mkdir()
     conf = {"HealthCheckInterval": "2", "HealthCheckNodeState": "ANY",
             "SchedulerParameters": "nohold_on_prolog_fail"}
-    for key, name in ROLES.items():
-        shim = shims / name
-        shim.write_text(f'#!/bin/sh\nw={base}/nodes/$(hostname)/{name}\n'
-                        f'[ -x "$w" ] && exec "$w"\nexit 0\n')
-        shim.chmod(0o755)
-        conf[key] = str(shim)
+    role_shims(base, ROLES, conf)
     with SlurmCluster(base / "cluster", nodes=NODES, extra_conf=conf) as c:
         c.wrappers = base / "nodes"  # type: ignore[attr-defined]
         yield c

@@ -23,7 +23,7 @@ from checks.fleet import slurm, slurm_control
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from promtools import samples
-from slurmcluster import SlurmCluster, need_cluster
+from slurmcluster import SlurmCluster, need_cluster, role_shims
 
 NODES = ("gd1", "gd2", "gd3")
 ROLES = {"HealthCheckProgram": "nodecert-healthcheck", "Prolog": "nodecert-prolog"}
@@ -41,12 +41,7 @@ def cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
     reboot.chmod(0o755)
     conf = {"HealthCheckInterval": "2", "HealthCheckNodeState": "ANY",
             "SchedulerParameters": "nohold_on_prolog_fail", "RebootProgram": str(reboot)}
-    for key, name in ROLES.items():
-        shim = shims / name
-        shim.write_text(f'#!/bin/sh\nw={base}/nodes/$(hostname)/{name}\n'
-                        f'[ -x "$w" ] && exec "$w"\nexit 0\n')
-        shim.chmod(0o755)
-        conf[key] = str(shim)
+    role_shims(base, ROLES, conf)
     with SlurmCluster(base / "cluster", nodes=NODES, extra_conf=conf) as c:
         c.wrappers = base / "nodes"  # type: ignore[attr-defined]
         yield c

@@ -150,7 +150,10 @@ def test_the_trainer_skipping_every_job_is_not_a_failed_phase(monkeypatch, tmp_p
     records it and is still proven; any other non-zero exit is a failure."""
     _fast(monkeypatch)
     monkeypatch.setattr(gpu_proof, "nvidia_gpus", lambda hw: (1, {}))
-    trainer = next(p for p in gpu_proof.phases(tmp_path, 1, None, SCENARIO) if p.name == "trainer-large")
+    from checks.hw.fixture import FixtureBackend
+
+    hw = FixtureBackend.from_file(SCENARIO)
+    trainer = next(p for p in gpu_proof.phases(tmp_path, 1, hw, SCENARIO) if p.name == "trainer-large")
     assert gpu_proof.TRAINER_ALL_SKIPPED in trainer.ok
     skipped = [_phase("trainer-large", "raise SystemExit(77)", ok=trainer.ok)]
     assert gpu_proof.main([str(tmp_path / "a"), "--simulate", SCENARIO, "--deadline", "60s"],
