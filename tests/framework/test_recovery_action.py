@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from checks.node.suite.health import RECOVERY_REMEDIES
+from checks.node.suite.gpu_state import RECOVERY_REMEDIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scenario_verdict import run

@@ -306,7 +306,7 @@ def _register(job: str, code: str, title: str) -> None:
     run.__doc__ = f"`python -m trainer {job}`: {title}. See docs/trainer.md."
     check(f"train-{job}", code=code, title=title, level="standard", stage="acceptance",
           timeout_s=LAUNCH_TIMEOUT_S + 120, prepare=prepare_launch,
-          gated_by=("gpu-occupied",))(run)
+          gated_by=("gpu-occupied",), nvml=("compute_capability", "compute_mode"))(run)
 
 
 _register("dp", "ACC001", "DataParallel over all GPUs equals one GPU")

@@ -144,7 +144,7 @@ def _registered(info: dict[str, Any]) -> bool:
 
 
 @check("nvlink5-fabric", code="GPU032", title="HGX Blackwell: Fabric Manager, NVLSM, GPUs registered",
-       needs=DRIVER)
+       needs=DRIVER, nvml=("fabric_info",))
 def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
     """HGX B200/B300 NVSwitches are programmed by NVLSM (NVLink subnet manager) with Fabric
     Manager, through ConnectX management functions that need the ib_umad module; until both
@@ -211,7 +211,7 @@ def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
 
 
 @check("nvl72-fabric", code="GPU033", title="NVL72 tray: GPUs registered in one NVLink domain",
-       needs=DRIVER)
+       needs=DRIVER, nvml=("fabric_info",))
 def nvl72_fabric(ctx: Context) -> Iterator[Result]:
     """Every GPU of an NVL72 compute tray must have completed fabric registration with a
     non-zero cluster UUID and clique ID, the same on all GPUs of the tray: NCCL uses multi-node

@@ -14,7 +14,7 @@ from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.perdevice import each_gpu
 from checks.node.registry import check
-from checks.node.suite.health import THROTTLE_BAD
+from checks.node.suite.gpu_power_thermal import THROTTLE_BAD
 
 REMEDY_SDC = ("silent data corruption: drain the node, rerun the burn-in to confirm, run "
               "dcgmi diag -r 3; RMA the GPU if it repeats (quote serial and fault code)")
@@ -235,7 +235,10 @@ class _GpuBurnJudge:
 @check("burn-in", code="BRN001",
        title="sustained GEMM on every GPU: bit-identical results, throughput and clocks under load",
        level="burn-in", stage="burn-in", tags=("compute", "gpu", "burn-in"), timeout_s=172800,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",),
+       scope="gpu",
+       nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "temperature_slowdown_c",
+             "sm_clock_max_mhz", "compute_mode"))
 def burn_in(ctx: Context) -> Iterator[Result]:
     """--duration of identical GEMMs (burn_in.n_gpu, bf16) on every GPU at once, NVML sampled under
     load. FAIL when a GPU's results differ from its own first result or from the other GPUs'

@@ -242,7 +242,9 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
 @check("nccl-allreduce", code="COL001",
        title="collectives exact and fast: all-reduce sweep, all-gather, reduce-scatter, broadcast",
        level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",),
+       nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "nvlink", "fabric_info",
+             "compute_mode", "nvlink_p2p_peers"))
 def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU (NCCL), or N CPU processes with gloo: exact integer
     patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and

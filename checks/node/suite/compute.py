@@ -121,7 +121,7 @@ def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], k
 
 @check("gpu-matmul", code="CMP001", title="dense matmul TFLOP/s per GPU (bf16, fp16, tf32, fp32)",
        level="standard", stage="workload", tags=("compute", "gpu"), timeout_s=1800,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
 def gpu_matmul(ctx: Context) -> Iterator[Result]:
     """n x n x n matmul (compute.matmul_n, 8192) per dtype on every GPU, as TFLOP/s and % of the
     profile's spec peak. FAIL below compute.matmul_min_fraction x peak (or
@@ -158,7 +158,7 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
 
 @check("gpu-membw", code="CMP002", title="device memory copy bandwidth per GPU",
        level="standard", stage="workload", tags=("compute", "gpu"), timeout_s=900,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
 def gpu_membw(ctx: Context) -> Iterator[Result]:
     """Device-to-device copy of compute.membw_bytes (2 GiB), counted read + write, per GPU.
     FAIL below thresholds.mem_bw_gbs (DCGM-style floor) or compute.membw_min_fraction x

@@ -165,7 +165,8 @@ def judge_scaling(m: dict[str, Any], fraction: float, cpus: int) -> Result:
 
 @check("dataloader-scaling", code="DAT003",
        title="DataLoader throughput vs worker count (curve and saturation point)",
-       level="standard", stage="workload", tags=TAGS, timeout_s=900)
+       level="standard", stage="workload", tags=TAGS, timeout_s=900,
+       nvml=("compute_capability", "compute_mode"))
 def dataloader_scaling(ctx: Context) -> Result:
     """samples/s on a synthetic CPU-heavy dataset for 0, 1, 2, 4 ... workers up to the CPU
     count (capped by dataloader.scaling_max_workers); reports the curve and where it reaches

@@ -30,7 +30,7 @@ def majority(digests: list[str]) -> str | None:
 @check("reference-digest", code="SDC001",
        title="deterministic reference computation: same SHA-256 on every GPU, run after run",
        level="standard", stage="workload", tags=("compute", "gpu", "sdc"), timeout_s=300,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
 def reference_digest(ctx: Context) -> Iterator[Result]:
     """A fixed fp32 matmul chain (fixed seed and sizes, deterministic algorithms, TF32 off) run
     twice on every GPU; the SHA-256 of its result goes into the report for the fleet comparison.

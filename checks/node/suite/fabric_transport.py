@@ -289,7 +289,8 @@ def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
 
 @check("nccl-transport", code="NET008",
        title="NCCL used the expected transports (P2P in node, IB+GDRDMA across nodes, NVLS)",
-       level="standard", stage="workload", tags=("fabric", "nccl", "collective"))
+       level="standard", stage="workload", tags=("fabric", "nccl", "collective"),
+       nvml=("compute_capability", "nvlink", "fabric_info", "nvlink_p2p_peers"))
 def nccl_transport(ctx: Context) -> Result:
     """Reads the NCCL INFO log the nccl-allreduce check captured and judges the transport of
     every channel against the node: in-node P2P where the GPUs have NVLink (every pair on an

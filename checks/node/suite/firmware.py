@@ -31,7 +31,7 @@ def _status(name: str) -> Status:
 
 
 @check("gpu-firmware", code="GPU051", title="same VBIOS and InfoROM on every GPU of a model",
-       needs=("driver-loaded",))
+       needs=("driver-loaded",), scope="gpu", nvml=("vbios_version", "inforom_image_version"))
 def gpu_firmware(ctx: Context) -> Iterator[Result]:
     """Per GPU model, the VBIOS (nvmlDeviceGetVbiosVersion) and InfoROM image
     (nvmlDeviceGetInforomImageVersion) the most GPUs carry is the node's; a GPU with another

@@ -179,7 +179,7 @@ def _torch_problems(c: _Counts, visible: Any, torch: Any, want: int, note: str) 
 
 
 @check("gpu-count", code="INV004", title="every GPU on the PCI bus is seen by NVML and torch",
-       stage="inventory", needs=("driver-loaded",))
+       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",))
 def gpu_count(ctx: Context) -> Iterator[Result]:
     """Counts the GPUs on the PCI bus, in NVML and in torch (CUDA_VISIBLE_DEVICES applied)
     against --expect-gpus and the platform (an NVSwitch baseboard holds profile gpus_per_node),
@@ -266,7 +266,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 @check("cuda-compat", code="INV006", title="driver supports torch's CUDA version",
-       stage="inventory", needs=("driver-loaded",))
+       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",))
 def cuda_compat(ctx: Context) -> Result:
     """torch.version.cuda against the CUDA version the driver supports (NVML). Newer major:
     FAIL. Same major, newer minor: runs under CUDA minor version compatibility when the driver
@@ -315,7 +315,7 @@ def cuda_compat(ctx: Context) -> Result:
 
 
 @check("torch-arch", code="INV007", title="torch is compiled for every GPU's architecture",
-       stage="inventory", needs=("driver-loaded",))
+       stage="inventory", needs=("driver-loaded",), scope="gpus", nvml=("compute_capability",))
 def torch_arch(ctx: Context) -> Iterator[Result]:
     """Every GPU's compute capability is in torch.cuda.get_arch_list() (sm_XY, or a compute_XY
     PTX target at or below it). Also reports torch's NCCL and cuDNN versions."""

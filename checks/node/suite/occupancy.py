@@ -83,7 +83,8 @@ def busy_gate(ctx: Context, outcome: CheckOutcome) -> str | None:
 
 
 @check("gpu-occupied", code="GPU050", title="no other process holds the GPUs before the jobs",
-       needs=("driver-loaded",), gate=busy_gate)
+       needs=("driver-loaded",), gate=busy_gate,
+       scope="gpu", nvml=("memory_total_bytes", "memory_used_bytes", "compute_processes"))
 def gpu_occupied(ctx: Context) -> Iterator[Result]:
     """Compute processes that are not this tool (nvmlDeviceGetComputeRunningProcesses) fail
     (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes

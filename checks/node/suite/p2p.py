@@ -225,7 +225,9 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
 
 @check("p2p-bandwidth", code="COL002", title="GPU peer access and copy bandwidth per pair",
        level="standard", stage="workload", tags=("collective", "gpu"), timeout_s=900,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",),
+       nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "nvlink", "fabric_info",
+             "compute_mode", "nvlink_p2p_peers"))
 def p2p_bandwidth(ctx: Context) -> Iterator[Result]:
     """`can_device_access_peer` for every pair and the one-way copy GB/s GPU i -> GPU j, each pair
     classed by its path (NVLink/NVSwitch, one PCIe switch, one socket, across sockets). FAIL
