@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from checks.hw.fixture import shipped
+from checks.node import registry
 
 # --import-mode=importlib puts no test directory on sys.path (as in tests/e2e/conftest.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -23,10 +24,11 @@ from scenario_verdict import Case, W, assert_report_consistent, by_pci, run, ver
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "checks" / "scenarios"
 LOST = "0000:5d:00.0"
-# Checks that give one result per NVML GPU.
-PER_GPU = ("persistence-mode", "ecc-errors", "retired-pages", "row-remap", "pcie-link",
-           "clock-throttle", "gpu-temperature", "gpu-power", "nvlink", "mig-mode", "compute-mode",
-           "gpu-occupied", "gpu-firmware", "gpu-recovery-action")
+# Checks of the quick level (run() runs it) that give one result per NVML GPU, as declared
+# (@check scope="gpu"; test_registry_declarations holds the declaration to the results), and
+# those that judge all GPUs in one verdict but still cannot measure a lost one (scope="gpus").
+PER_GPU = tuple(c.id for c in registry.select("quick") if c.scope == "gpu")
+ALL_GPUS = tuple(c.id for c in registry.select("quick") if c.scope == "gpus")
 BAD = W("FAIL", "ERROR")
 KERNEL_LOG = ("xid-events", "nvswitch-sxid", "pcie-aer")  # the checks that read the kernel log
 
@@ -71,9 +73,9 @@ CASES = [
          {"mig-mode": {"0000:27:00.0": "WARN"}, "gpu-matmul": {"0000:27:00.0": "PASS"},
           "gpu-membw": {"0000:27:00.0": "PASS"}}, args=("--level", "standard")),
     Case("node-gpu-lost",
-         {"gpu-count": "FAIL", "xid-events": "FAIL", "torch-arch": BAD, **dict.fromkeys(PER_GPU, BAD)},
+         {"gpu-count": "FAIL", "xid-events": "FAIL", **dict.fromkeys((*ALL_GPUS, *PER_GPU), BAD)},
          {"gpu-count": {LOST: "FAIL"}, "xid-events": {LOST: "FAIL"},
-          **{c: {LOST: BAD} for c in PER_GPU}}),
+          **{c: {LOST: BAD} for c in (*ALL_GPUS, *PER_GPU)}}),
     # Every kernel-log check could not measure (the three read one log).
     Case("node-kernel-log-unreadable", dict.fromkeys(KERNEL_LOG, "ERROR")),
     Case("node-kernel-log-no-entries", dict.fromkeys(KERNEL_LOG, "ERROR")),

@@ -19,11 +19,16 @@ from fakenvml import FakeFabric, FakeGpu, FakeNvmlLibrary
 from checks.hw.base import TorchInfo
 from checks.hw.linux import LinuxBackend
 from checks.node import node_cli as cli
+from checks.node import registry
 
 DRIVER = "580.65.06"
 ADDRESSES = ("0000:18:00.0", "0000:2a:00.0")
-GPU_CHECKS = ("persistence-mode", "ecc-errors", "row-remap", "pcie-link", "clock-throttle",
-              "gpu-temperature", "gpu-power", "nvlink", "mig-mode")
+# The quick checks that give one result per GPU (@check scope="gpu"), and what each says for a
+# healthy fake H100: SKIP where it reads a field FakeGpu's defaults leave NOT_SUPPORTED (no
+# retired pages on Hopper, a driver before the recovery-action field), else PASS.
+UNANSWERED = {"retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "recovery_action"}
+GPU_CHECKS = {c.id: "SKIP" if UNANSWERED & set(c.nvml) else "PASS"
+              for c in registry.select("quick") if c.scope == "gpu"}
 
 
 class FakeNodeBackend(LinuxBackend):
@@ -101,17 +106,17 @@ def test_healthy_gpus_pass(quick_run: Any) -> None:
     _code, verdicts, _ = quick_run(FakeNvmlLibrary([h100(0), h100(1)], driver=DRIVER))
     for check_id in ("driver-loaded", "gpu-count", "driver-version", "cuda-compat"):
         assert [v[0] for v in verdicts[check_id]] == ["PASS"], (check_id, verdicts[check_id])
-    for check_id in GPU_CHECKS:
-        assert statuses(verdicts, check_id) == dict.fromkeys(ADDRESSES, "PASS"), \
+    for check_id, healthy in GPU_CHECKS.items():
+        assert statuses(verdicts, check_id) == dict.fromkeys(ADDRESSES, healthy), \
             (check_id, verdicts[check_id])
 
 
 def test_gpu_lost_at_handle_lookup_fails_that_gpu_only(quick_run: Any) -> None:
     code, verdicts, _ = quick_run(FakeNvmlLibrary([h100(0), h100(1, lost=True)], driver=DRIVER))
     assert code == 1
-    for check_id in GPU_CHECKS:
+    for check_id, healthy in GPU_CHECKS.items():
         # gpu-count fails the lost GPU by name; the per-GPU checks could not measure it.
-        assert statuses(verdicts, check_id) == {ADDRESSES[0]: "PASS", ADDRESSES[1]: "ERROR"}, \
+        assert statuses(verdicts, check_id) == {ADDRESSES[0]: healthy, ADDRESSES[1]: "ERROR"}, \
             (check_id, verdicts[check_id])
     lost = [m for s, pci, m in verdicts["persistence-mode"] if pci == ADDRESSES[1]]
     assert "GPU_IS_LOST" in lost[0]
