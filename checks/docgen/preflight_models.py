@@ -104,12 +104,26 @@ def models_rows() -> str:
     return "\n".join(f'  "{dev}": {_scalar(name)}' for dev, (_, name) in sorted(rows.items()))
 
 
+# The values of a profile's `blackwell.platform` and what the preflight role is told for each:
+# hgx and nvl72 get a rule of their own (below); pcie (a PCIe Blackwell card: no NVSwitch, no
+# NVLink domain, no fixed GPU count) gets none, because the catch-all `pcie` rule at the end of
+# _preflight_platforms (nvswitch: false, fabric: none) already says what such a node needs.
+PLATFORM_KINDS = ("hgx", "nvl72", "pcie")
+
+
 def platform_rule(profile: profiles.Profile) -> dict[str, Any] | None:
-    """The preflight platform rule of a profile with a `blackwell` section, else None."""
+    """The preflight platform rule of a profile with a `blackwell` section, else None (no
+    section, or a PCIe card: see PLATFORM_KINDS)."""
     kind = profile.get("blackwell.platform")
+    where = f"checks/profiles/{profile.name}.yaml"
     if kind is None:
         return None
-    where = f"checks/profiles/{profile.name}.yaml"
+    if kind not in PLATFORM_KINDS:
+        raise ModelError(f"{where}: blackwell.platform {kind!r} is none of {', '.join(PLATFORM_KINDS)}")
+    if kind == "pcie":
+        if profile.get("gpus_per_node") is not None:
+            raise ModelError(f"{where}: a pcie platform has no fixed GPU count (drop gpus_per_node)")
+        return None
     if kind == "nvl72" and profile.get("blackwell.nvl72.imex_unit"):
         return {"name": f"{profile.name}-tray", "device_ids": device_ids(profile), "fabric": "imex"}
     if kind == "hgx" and profile.get("blackwell.fabric.unit"):

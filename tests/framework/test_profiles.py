@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -13,12 +15,24 @@ REQUIRED = ["host.shm_min_bytes", "host.memlock_min_bytes", "host.cpus_per_gpu_m
             "ecc.aggregate_corrected_warn", "retired_pages.max", "row_remap.uncorrectable_warn",
             "sxid.nonfatal_warn", "pcie.min_gen", "pcie.replay_warn", "thermal.slowdown_margin_c",
             "power.min_limit_fraction", "nvlink.error_warn", "straggler_pct"]
-MODELS = ["h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "a100-40gb", "a100-80gb",
-          "a100-pcie-40gb", "a100-pcie-80gb", "l40s", "l4", "a10", "v100-sxm2"]
+# Every model profile shipped, from the directory itself (a new model is one new file there).
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "checks" / "profiles"
+MODELS = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml") if p.stem != profiles.GENERIC)
 
 
-def test_required_models_ship() -> None:
-    assert set(MODELS) | {"generic"} <= set(profiles.available())
+def test_every_profile_file_is_available() -> None:
+    assert MODELS and set(profiles.available()) == {*MODELS, profiles.GENERIC}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_model_is_detected_from_its_own_pci_ids_and_names(name: str) -> None:
+    """A profile's match rules select it, and no other profile's rules steal its GPUs."""
+    profile = profiles.load(name)
+    for device_id in profile.get("match.pci_device_ids") or []:
+        assert profiles.detect([int(device_id)] * 2, []).name == name, f"{name}: 0x{int(device_id):04x}"
+    for pattern in profile.get("match.names") or []:
+        if pattern.startswith("^") and pattern.endswith("$"):  # a plain anchored NVML name
+            assert profiles.detect([], [pattern[1:-1]]).name == name, pattern
 
 
 @pytest.mark.parametrize("name", profiles.available())
