@@ -15,6 +15,14 @@ trainer_tables: docs/trainer.md's `--size large` cost and traced-memory tables f
     trainer/sizes.py, the profiles and benchmarks/large_memory.json.
 profile_digests: checks/schema/profile-digests.json, the shipped profiles the tests validated
     (a profile whose text is listed there is not validated again at run time).
+check_index: docs/checks.md's "Where a check lives" (each check's module and the scenarios that
+    show it failing), threshold-default and peer-check tables, and docs/scenarios.md's fault
+    table, from the registry, the checks' source and real runs of the shipped scenarios.
+gpu_fields: docs/hardware-layer.md's GPU-field table (NVML functions, the checks that read each
+    field) and docs/scenarios.md's list of scenario keys.
+example_output: README.md's example output and docs/fleet.md's compact line, from a real run
+    of the node-gpu-lost scenario.
+preflight_models: the preflight role's GPU-model and platform tables from the profiles.
 
 A new module here is a generator too (it needs `main(argv) -> int` taking [], ["--write"] or
 ["--check"]); only the modules of HELPERS are not.
@@ -24,7 +32,7 @@ import pkgutil
 
 # Run first, in this order; any other module of the package runs after them, by name.
 GENERATORS = ("roles", "faults", "catalog", "kernlog", "options", "gpu_models", "trainer_tables")
-HELPERS = ("regions",)
+HELPERS = ("regions", "derive")
 
 
 def generators() -> tuple[str, ...]:
