@@ -14,7 +14,7 @@ import pytest
 
 import checks.docgen
 from checks import profiles
-from checks.docgen import GENERATORS, gpu_models, options, regions, trainer_tables
+from checks.docgen import GENERATORS, HELPERS, gpu_models, options, preflight_models, regions, trainer_tables
 from checks.docgen import __main__ as umbrella
 from checks.node import node_cli
 from trainer import sizes
@@ -27,7 +27,7 @@ def test_every_generated_text_is_current(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_every_generator_module_is_run_by_the_umbrella() -> None:
-    modules = {m.name for m in pkgutil.iter_modules(checks.docgen.__path__)} - {"regions", "__main__"}
+    modules = {m.name for m in pkgutil.iter_modules(checks.docgen.__path__)} - {*HELPERS, "__main__"}
     assert set(checks.docgen.generators()) == modules
     assert checks.docgen.generators()[:len(GENERATORS)] == GENERATORS
     for name in checks.docgen.generators():
@@ -95,24 +95,49 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     assert err.startswith("usage: python -m checks.docgen [--write | --check]") and err.count("\n") == 1
 
 
+RTX_PRO_6000 = profiles.Profile("rtx-pro-6000", {
+    "description": "NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe)",
+    "match": {"pci_device_ids": [0x2BB5], "names": ["^NVIDIA RTX PRO 6000 Blackwell Server Edition$"]},
+    "compute_capability": "12.0", "nvlink": {"links": 0},
+    "blackwell": {"platform": "pcie", "open_module_required": True}})
+
+
 def test_a_new_gpu_model_makes_every_model_list_stale(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     real = list(gpu_models._models())
-    new = profiles.Profile("rtx-pro-6000", {
-        "description": "NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe)",
-        "match": {"pci_device_ids": [0x2BB5]}, "gpus_per_node": 8, "compute_capability": "12.0",
-        "nvlink": {"links": 0}, "blackwell": {"platform": "pcie", "open_module_required": True}})
-    monkeypatch.setattr(gpu_models, "_models", lambda: iter([*real, new]))
+    monkeypatch.setattr(gpu_models, "_models", lambda: iter([*real, RTX_PRO_6000]))
     # the list is wrapped: where its lines break depends on every name before this one
     listed = " ".join(gpu_models.readme_list().split())
     assert "`rtx-pro-6000` (RTX PRO 6000 Blackwell Server Edition)" in listed
-    assert "| `rtx-pro-6000` | NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe) | `10de:2bb5` | 8 |" \
+    assert "| `rtx-pro-6000` | NVIDIA RTX PRO 6000 Blackwell Server Edition (PCIe) | `10de:2bb5` | - |" \
         in gpu_models.checks_table()
-    assert "| `rtx-pro-6000` | `10de:2bb5` | 8 | - | open kernel module |" in gpu_models.blackwell_table()
+    assert "| `rtx-pro-6000` | `10de:2bb5` | - | - | open kernel module |" in gpu_models.blackwell_table()
     assert gpu_models.main(["--check"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [f"error: {doc} is out of date; run: python -m checks.docgen.gpu_models --write"
                    for doc in ("README.md", "docs/checks.md", "docs/blackwell.md", "docs/scenarios.md")]
+
+
+def test_a_new_pcie_blackwell_model_is_one_rule_for_docs_and_provisioning(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The profile the docs test above adds is one the preflight tables accept: a PCIe Blackwell
+    card gets a model row and no platform rule of its own (preflight_models.PLATFORM_KINDS: the
+    catch-all `pcie` rule covers it), and a fixed GPU count on it is refused."""
+    assert preflight_models.platform_rule(RTX_PRO_6000) is None
+    real = preflight_models.model_profiles()
+    monkeypatch.setattr(preflight_models, "model_profiles", lambda: [*real, RTX_PRO_6000])
+    assert '  "2bb5": RTX PRO 6000 Blackwell Server Edition' in preflight_models.models_rows()
+    assert "2bb5" not in preflight_models.platforms_rows()
+    assert preflight_models.main(["--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: playbooks/roles/preflight/vars/main.yml is out of date; "
+        "run: python -m checks.docgen.preflight_models --write"]
+    counted = profiles.Profile(RTX_PRO_6000.name, {**RTX_PRO_6000.data, "gpus_per_node": 8})
+    with pytest.raises(preflight_models.ModelError, match="no fixed GPU count"):
+        preflight_models.platform_rule(counted)
+    other = profiles.Profile("x", {**RTX_PRO_6000.data, "blackwell": {"platform": "dgx"}})
+    with pytest.raises(preflight_models.ModelError, match="none of hgx, nvl72, pcie"):
+        preflight_models.platform_rule(other)
 
 
 def test_every_profile_is_listed_and_blackwell_ones_in_blackwell_md() -> None:
@@ -161,3 +186,50 @@ def test_trainer_sizes_table_is_the_one_the_trainer_sizes_with() -> None:
     doc = (regions.ROOT / "docs" / "trainer.md").read_text()
     region = doc.split("<!-- trainer-sizes:begin -->")[1].split("<!-- trainer-sizes:end -->")[0]
     assert sizes.profile_table() in region
+
+
+def test_a_new_check_makes_where_a_check_lives_stale_and_names_its_module(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its row links the module defining it (found by inspect) and the scenarios that show it
+    failing (from the scenario runs, here a stand-in: running all 86 takes half a minute)."""
+    from checks.docgen import check_index, derive
+    from checks.node import registry
+
+    def inforom_valid(ctx: object) -> list[object]:
+        """InfoROM checksum valid on every GPU."""
+        return []
+
+    new = registry.Check(id="inforom-valid", code="GPU099", title="InfoROM valid", func=inforom_valid)
+    real = derive.checks()
+    monkeypatch.setattr(derive, "checks", lambda: [*real, new])
+    verdicts = {"fault-ecc-uncorrectable": {"ecc-errors": "FAIL", "inforom-valid": "FAIL"}}
+    monkeypatch.setattr(derive, "scenario_verdicts", lambda: verdicts)
+    row = check_index.sources_table().splitlines()[-1]
+    assert row == ("| `inforom-valid` | GPU099 | [`test_docgen.py`](../tests/framework/test_docgen.py) "
+                   "`inforom_valid` | `fault-ecc-uncorrectable` |")
+    assert check_index.main(["--check"]) == 1
+    assert "error: docs/checks.md is out of date; run: python -m checks.docgen.check_index --write" \
+        in capsys.readouterr().err
+
+
+def test_a_new_gpu_field_without_an_nvml_reader_is_one_line_and_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from checks.docgen import gpu_fields
+    from checks.hw import base
+
+    assert "| `persistence_mode` | `nvmlDeviceGetPersistenceMode` | `persistence-mode` |" \
+        in gpu_fields.fields_table()
+    monkeypatch.setattr(base, "GPU_FIELDS", (*base.GPU_FIELDS, "inforom_valid"))
+    assert gpu_fields.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: GPU fields without an entry in RealGpu._fields: inforom_valid\n"
+
+
+def test_the_readme_example_is_a_real_run_with_its_real_counts() -> None:
+    from checks.docgen import example_output
+
+    summary = example_output.report()["summary"]
+    line = "  ".join(f"{k} {v}" for k, v in summary.items() if v)
+    assert f"FAIL  ({line}; 0.0 s)" in (regions.ROOT / "README.md").read_text()
+    assert f"(+{summary['ERROR']} checks not measured because of it" in \
+        (regions.ROOT / "docs" / "fleet.md").read_text()
