@@ -1,4 +1,4 @@
-"""The data files the product reads at run time (profiles, scenarios, the budget table, the
+"""The data files the product reads at run time (profiles, scenarios, the fault table, the
 report schema), found through importlib.resources so that they load the same from the source
 tree and from the installed wheel; pyproject.toml's package-data lists each of them, and
 tests/framework/test_installed_wheel.py runs the wheel as the pytorch role builds it."""

@@ -4,8 +4,8 @@ from the registry and from real runs of the shipped scenarios (checks/docgen/der
 - docs/checks.md `check-sources`: every check, the module that defines it (a link) and the
   shipped scenarios that show it failing;
 - docs/checks.md `peer-checks`: the checks that only `peer-*` scenarios (the node checks
-  operators' suites run) make fail or warn, with what each reads and the profile keys it is
-  judged by;
+  operators' suites run) make fail or warn, with what each reads (the GPU fields its `nvml=`
+  declares, the hardware-layer calls in its source) and the profile keys it is judged by;
 - docs/scenarios.md `fault-scenarios`: the `fault-*` scenarios (and the healthy bases and
   `unknown-gpu-model`) with every check a burn-in level run of them does not pass.
 
@@ -22,6 +22,7 @@ import sys
 from checks.docgen import derive
 from checks.docgen.regions import ROOT, Region
 from checks.docgen.regions import main as regions_main
+from checks.hw.base import GPU_FIELDS
 
 PROG = "checks.docgen.check_index"
 CHECKS_DOC = ROOT / "docs" / "checks.md"
@@ -61,7 +62,7 @@ def peer_table() -> str:
     checks = {c.id: c for c in derive.checks()}
     for check_id in peer_checks():
         chk = checks[check_id]
-        reads = [f"`{f}`" for f in derive.gpu_fields_read(chk)]
+        reads = [f"`{f}`" for f in GPU_FIELDS if f in chk.nvml]  # as declared, in field order
         reads += [f"`hw.{m}()`" for m in derive.hw_methods(chk)]
         keys = ", ".join(f"`{k}`" for k in derive.profile_keys_read(chk)) or "-"
         peers = [n for n in derive.scenarios_showing(check_id) if n.startswith("peer-")]

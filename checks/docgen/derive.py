@@ -2,7 +2,7 @@
 
 - where a check is defined: the module of its function (`inspect`), so the tables follow a check
   that moves to another module;
-- what a check reads: the GPU fields (checks/hw/base.py GPU_FIELDS), the profile keys
+- what a check reads beyond its GPU fields (those it declares, `Check.nvml`): the profile keys
   (checks/schema/profile.schema.json) and the hardware-layer methods (`ctx.hw.NAME`) named in
   its function's source and in the functions of its own module that it calls. The registry does
   not declare these; a name built at run time (f"matmul_{dtype}_tflops") is not found;
@@ -94,31 +94,6 @@ def profile_keys() -> frozenset[str]:
 
     walk(json.loads(PROFILE_SCHEMA.read_text()), "")
     return frozenset(out)
-
-
-def _constants(chk: registry.Check, nodes: list[ast.AST]) -> list[ast.AST]:
-    """The module-level assignments (`FIELDS = {...}`) the reached functions name."""
-    module = inspect.getmodule(inspect.unwrap(chk.func))
-    if module is None:
-        return []
-    used = {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
-    return [n for n in ast.parse(inspect.getsource(module)).body if isinstance(n, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id in used for t in n.targets)]
-
-
-def gpu_fields_read(chk: registry.Check) -> list[str]:
-    """GPU fields passed to a call (`gpu.handle.query("x")`, `q("x")`, `query_int(g, "x")`; not
-    `.get("name")`) or held in a module constant the check uses."""
-    from checks.hw.base import GPU_FIELDS
-
-    nodes = _reached(chk)
-    found = _strings(_constants(chk, nodes))
-    for node in nodes:
-        for n in ast.walk(node):
-            if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute)
-                                                and n.func.attr in ("get", "pop", "setdefault")):
-                found |= {a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
-    return [f for f in GPU_FIELDS if f in found]
 
 
 def profile_keys_read(chk: registry.Check) -> list[str]:

@@ -3,8 +3,9 @@ reading one) shows up in the docs at once:
 
 - docs/hardware-layer.md `gpu-fields`: every field of checks/hw/base.py GPU_FIELDS, the NVML
   functions checks/hw/nvml.py calls for it (read from that module's source: the field's entry in
-  `RealGpu._fields` and the `RealGpu` methods it reaches) and the checks that read it
-  (checks/docgen/derive.py);
+  `RealGpu._fields` and the `RealGpu` methods it reaches) and the checks that read it (each
+  check's `nvml=` declaration in the registry, held to real runs of every shipped scenario by
+  tests/framework/test_registry_declarations.py);
 - docs/scenarios.md `scenario-keys`: the keys a scenario may give a GPU and the host
   (checks/hw/scenario_file.py, which rejects any other).
 
@@ -64,10 +65,10 @@ def nvml_calls() -> dict[str, list[str]]:
 
 
 def readers() -> dict[str, list[str]]:
-    """{field: ids of the checks that read it}."""
+    """{field: ids of the checks that declare it in `nvml=`, in run order}."""
     out: dict[str, list[str]] = {}
     for chk in derive.checks():
-        for field in derive.gpu_fields_read(chk):
+        for field in chk.nvml:
             out.setdefault(field, []).append(chk.id)
     return out
 

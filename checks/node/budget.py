@@ -1,11 +1,33 @@
 """`python -m checks --budget 5m`: choose the checks and sizes that fit a time budget, most
 valuable first, and say what was left out.
 
-The value and cost of every check are data (checks/node/budget.yaml): a value from 1 to 10 (what its
-verdict is worth on a node about to run jobs) and a cost in seconds for a host without GPUs and
-for a GPU host (a fixed part plus a part per GPU), measured where the source says so, estimated
-otherwise. A check may offer a `smaller` size (fewer dtypes, smaller buffers: profile settings
-overridden for this run) and the burn-in a `scalable` duration.
+Every check declares its value and cost with itself: `@check(..., budget=Budget(value=...,
+cost=Cost(cpu=..., gpu=..., per_gpu=...), source=...))` (checks/node/registry.py refuses a check
+without one, naming the line); a note on how a figure was measured sits beside the declaration.
+
+- value: 1-10, what the check's verdict is worth on a node about to run training jobs
+  (judgement, written down so it can be argued with): 10 = finds a fault that kills or corrupts
+  every job (a GPU off the bus, uncorrectable ECC, no Fabric Manager); 7-9 = a fault that makes
+  jobs fail or crawl; 4-6 = slow or misconfigured but working; 1-3 = information.
+- cost: seconds; cpu = a host without GPUs, gpu + per_gpu x GPUs = a GPU host.
+- source "measured cpu": `python -m checks --level burn-in --duration 10s` on a 2-core shared
+  development VM (torch 2.13 CPU build, real backend), the check's duration_s from the report,
+  rounded up. The quick checks (NVML, sysfs and the kernel log) measured 0.00-0.12 s each and
+  are counted as 1 s; the checks estimated "like the quick checks" (NVML, sysfs, systemd,
+  statvfs, /proc reads: Blackwell platform, fabric and peer checks) are counted the same.
+  GPU costs are estimates from the sizes in checks/profiles/generic.yaml (8192^3 matmuls,
+  2 GiB copies, 256 MiB P2P copies, collective sweeps to 256 MiB, child processes that import
+  torch and create a CUDA context: ~10 s each, torchrun launches: ~20-30 s,
+  shared/notes/torch-cpu.md) unless the note says measured. Source "estimated": no measurement.
+- smaller_cost, smaller_profile: an optional cheaper size, as profile settings overridden for
+  this run (fewer dtypes, smaller buffers).
+- min_duration_s: scalable (the burn-in): it runs at least this long, then whatever the budget
+  has left (up to --duration).
+- min_gpus: on a GPU host with fewer GPUs the check SKIPs at once ("a single GPU has nobody to
+  talk to" / "has no peer") and is counted as 1 s (SKIP_COST_S), not as a launch.
+- shared: a launch several checks share (registry.shared_launch: the acceptance jobs' one
+  launch, declared with its measurement in checks/node/suite/acceptance.py), paid by the first
+  of them that is chosen.
 
 Planning: the quick-level checks first (all of them must fit, else the budget is a usage error),
 then the others in order of value (then cheaper first); each is taken at full size if it fits
@@ -16,50 +38,20 @@ The plan goes into the report (`budget`), so a verdict says what it did not look
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import yaml
+from checks.node import registry
+from checks.node.registry import SKIP_COST_S, Budget, Cost
 
-from checks import resources
-
-TABLE = resources.data("node", "budget.yaml")
+__all__ = ["SHARED", "SKIP_COST_S", "Budget", "BudgetError", "Choice", "Cost", "Plan",
+           "apply_overrides", "make", "table"]
 
 
 class BudgetError(Exception):
-    """Malformed budget table or budget (one line)."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    cpu: float
-    gpu: float
-    per_gpu: float = 0.0
-
-    def on(self, gpus: int) -> float:
-        return self.cpu if gpus == 0 else self.gpu + self.per_gpu * gpus
-
-
-@dataclass(frozen=True)
-class Entry:
-    value: float
-    cost: Cost
-    source: str
-    smaller_cost: Cost | None = None
-    smaller_profile: Mapping[str, Any] = field(default_factory=dict)
-    min_duration_s: float | None = None  # scalable (burn-in): the least worth running
-    shared: str | None = None  # a launch shared with other checks, paid by the first chosen
-    min_gpus: int = 0  # below this many GPUs (but not on a CPU host) the check SKIPs at once
-
-    def on(self, gpus: int) -> float:
-        """Seconds on a host with `gpus` GPUs: a check that needs more GPUs than the host has
-        SKIPs at once (a single GPU has no peer for P2P or a collective)."""
-        if 0 < gpus < self.min_gpus:
-            return SKIP_COST_S
-        return self.cost.on(gpus)
+    """A budget the checks cannot be planned in, or a check without a budget (one line)."""
 
 
 @dataclass
@@ -95,8 +87,7 @@ class Plan:
         return {"budget_s": self.budget_s, "gpus": self.gpus,
                 "estimated_s": round(self.estimated_s, 1),
                 "chosen": [c.to_dict() for c in self.chosen], "left_out": self.left_out,
-                "profile_overrides": self.profile_overrides, "burn_in_duration_s": self.duration_s,
-                "table": str(TABLE.name)}
+                "profile_overrides": self.profile_overrides, "burn_in_duration_s": self.duration_s}
 
     def summary(self) -> str:
         left = ", ".join(x["id"] for x in self.left_out) or "nothing"
@@ -104,53 +95,16 @@ class Plan:
                 f"(~{self.estimated_s:.0f} s); left out: {left}")
 
 
-def _cost(raw: Any, where: str) -> Cost:
-    if not isinstance(raw, Mapping) or "cpu" not in raw or "gpu" not in raw:
-        raise BudgetError(f"{where}: cost_s needs cpu and gpu seconds")
-    try:
-        return Cost(float(raw["cpu"]), float(raw["gpu"]), float(raw.get("per_gpu", 0.0)))
-    except (TypeError, ValueError):
-        raise BudgetError(f"{where}: cost_s values must be numbers") from None
-
-
 SHARED = "shared:"  # table keys of shared launches: "shared:acceptance"
-SKIP_COST_S = 1.0  # a check that SKIPs at once, as the quick checks are counted
 
 
-def parse(data: Any) -> dict[str, Entry]:
-    """check id -> Entry, and "shared:<name>" -> the Entry of each shared launch."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("checks"), Mapping):
-        raise BudgetError("budget table: top level needs a `checks:` mapping")
-    table = {}
-    for name, raw in (data.get("shared") or {}).items():
-        if not isinstance(raw, Mapping) or "cost_s" not in raw:
-            raise BudgetError(f"budget table, shared {name}: needs cost_s")
-        table[SHARED + str(name)] = Entry(0.0, _cost(raw["cost_s"], f"shared {name}"),
-                                          str(raw.get("source", "estimated")))
-    for check_id, raw in data["checks"].items():
-        where = f"budget table, {check_id}"
-        if not isinstance(raw, Mapping) or "value" not in raw or "cost_s" not in raw:
-            raise BudgetError(f"{where}: needs value and cost_s")
-        smaller = raw.get("smaller") or {}
-        scalable = raw.get("scalable") or {}
-        table[str(check_id)] = Entry(
-            float(raw["value"]), _cost(raw["cost_s"], where), str(raw.get("source", "estimated")),
-            _cost(smaller["cost_s"], f"{where}.smaller") if smaller else None,
-            dict(smaller.get("profile") or {}),
-            float(scalable["min_s"]) if scalable else None,
-            str(raw["shared"]) if raw.get("shared") else None,
-            int(raw.get("min_gpus", 0)))
-        if raw.get("shared") and SHARED + str(raw["shared"]) not in table:
-            raise BudgetError(f"{where}: unknown shared launch {raw['shared']!r}")
-    return table
-
-
-@functools.cache
-def table() -> dict[str, Entry]:
-    try:
-        return parse(yaml.safe_load(TABLE.read_text()))
-    except (OSError, yaml.YAMLError) as exc:
-        raise BudgetError(f"{TABLE}: {' '.join(str(exc).split())}") from None
+def table() -> dict[str, Budget]:
+    """check id -> the Budget its @check declares, and "shared:<name>" -> each shared launch
+    (registry.shared_launch). Read from the registry each time: a test's own checks count."""
+    checks = registry.load_all()
+    out = {SHARED + name: launch for name, launch in registry.LAUNCHES.items()}
+    out.update({c.id: c.budget for c in checks.values() if c.budget is not None})
+    return out
 
 
 def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
@@ -162,7 +116,7 @@ def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
 
 
 def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: float,
-         entries: Mapping[str, Entry] | None = None, required: Iterable[str] = ()) -> Plan:
+         entries: Mapping[str, Budget] | None = None, required: Iterable[str] = ()) -> Plan:
     """The plan for these checks (in run order) on a host with `gpus` GPUs.
 
     `required` (the quick level's checks: the node's health) are planned first; a budget that
@@ -174,7 +128,7 @@ def make(check_ids: Iterable[str], budget_s: float, *, gpus: int, duration_s: fl
     ids = list(check_ids)
     missing = [i for i in ids if i not in entries or i.startswith(SHARED)]
     if missing:
-        raise BudgetError(f"budget table has no entry for {', '.join(missing)} (checks/node/budget.yaml)")
+        raise BudgetError(f"no budget for {', '.join(missing)} (declare budget=Budget(...) in its @check)")
     must = [i for i in ids if i in set(required)]
     need = sum(entries[i].on(gpus) for i in must)
     if need > budget_s:

@@ -68,9 +68,9 @@ BUNDLE_RESERVE_S = 10.0  # kept back for the bundle at the end
 INNER_MARGIN_S = 20.0  # a phase CLI's own deadline sits this far inside its cap: time to report
 MIN_PHASE_S = 30.0  # less than this left: the phase is not started
 UNWIND_S = 5.0  # a phase asked to stop (SIGTERM) gets this long before the SIGKILL
-BURN_IN_S = 60  # the burn-in's minimum worth running (checks/node/budget.yaml, scalable.min_s)
+BURN_IN_S = 60  # the burn-in's minimum worth running (its @check's budget, min_duration_s)
 # Phase estimates on a GPU host, seconds (fixed part, per GPU). The check run's comes from the
-# budget table (checks/node/budget.yaml), the trainer's from trainer.sizes.estimate; these are
+# checks' declared budgets (checks.node.budget.table), the trainer's from trainer.sizes.estimate; these are
 # for the rest, estimated like the table's GPU costs (torch import + CUDA context ~10 s, a
 # torchrun launch ~20-30 s: shared/notes/torch-cpu.md), never measured on a GPU yet.
 RECORD_S = 30.0
@@ -144,7 +144,7 @@ def environment(driver: dict[str, Any], simulate: str | None) -> dict[str, Any]:
 
 
 def checks_estimate(gpus: int) -> float:
-    """The budget table's estimate of every check at burn-in level (burn-in at BURN_IN_S) on
+    """The declared budgets' estimate of every check at burn-in level (burn-in at BURN_IN_S) on
     `gpus` GPUs, shared launches paid once: what a healthy node's check run costs."""
     from checks.node import budget, registry
 

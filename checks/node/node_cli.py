@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=parse_duration, metavar="TIME",
                    help="time budget, e.g. 5m: run the checks and sizes that fit, most valuable "
                         "first; the plan (and what it left out) goes into the report "
-                        "(checks/node/budget.yaml has each check's value and cost). It is also "
+                        "(each check declares its value and cost in its @check). It is also "
                         "the run's deadline, as --deadline")
     p.add_argument("--deadline", type=parse_duration, metavar="TIME",
                    help="end the run this long after it started, whatever the estimates said: "

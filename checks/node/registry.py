@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from checks.hw.base import GPU_FIELDS
 from checks.model import CheckOutcome, Result
@@ -34,6 +35,67 @@ PrepareFn = Callable[["Context"], Callable[[], None] | None]
 # A check other checks may be gated on: given its outcome, why they must not run (None: they
 # may). The runner asks it for every check that names it in `gated_by` (runner._gated).
 GateFn = Callable[["Context", CheckOutcome], str | None]
+# Where a budget's figures come from (checks/node/budget.py says how each is measured).
+SOURCES = ("measured cpu", "estimated")
+SKIP_COST_S = 1.0  # a check that SKIPs at once, as the quick checks are counted
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Seconds a check takes: `cpu` on a host without GPUs, `gpu` + `per_gpu` x GPUs on a GPU
+    host."""
+    cpu: float
+    gpu: float
+    per_gpu: float = 0.0
+
+    def __post_init__(self) -> None:  # seconds as floats, as the report records them
+        for name in ("cpu", "gpu", "per_gpu"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def on(self, gpus: int) -> float:
+        return self.cpu if gpus == 0 else self.gpu + self.per_gpu * gpus
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a check is worth and costs, for `--budget` (checks/node/budget.py: how `value` is
+    judged and how `cost` is measured)."""
+    value: float  # 1-10
+    cost: Cost
+    source: str  # SOURCES
+    # An optional cheaper size: its cost, and the profile settings overridden for this run.
+    smaller_cost: Cost | None = None
+    smaller_profile: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    min_duration_s: float | None = None  # scalable (burn-in): the least worth running
+    shared: str | None = None  # a launch shared with other checks (shared_launch)
+    min_gpus: int = 0  # below this many GPUs (but not on a CPU host) the check SKIPs at once
+
+    def __post_init__(self) -> None:  # value 7 is recorded as 7.0, as any other figure
+        object.__setattr__(self, "value", float(self.value))
+        if self.min_duration_s is not None:
+            object.__setattr__(self, "min_duration_s", float(self.min_duration_s))
+
+    def on(self, gpus: int) -> float:
+        """Seconds on a host with `gpus` GPUs: a check that needs more GPUs than the host has
+        SKIPs at once (a single GPU has no peer for P2P or a collective)."""
+        if 0 < gpus < self.min_gpus:
+            return SKIP_COST_S
+        return self.cost.on(gpus)
+
+
+# Launches several checks share (the acceptance jobs' one launch): name -> its cost, paid by
+# the first of them a budget plan chooses. Declared with shared_launch() before those checks.
+LAUNCHES: dict[str, Budget] = {}
+
+
+def shared_launch(name: str, *, cost: Cost, source: str) -> str:
+    """Declare a launch checks share (their Budget(shared=NAME)); returns the name."""
+    if source not in SOURCES:
+        raise ValueError(f"shared launch {name}: source {source!r} is not one of {SOURCES}")
+    if name in LAUNCHES:
+        raise ValueError(f"shared launch {name} declared twice")
+    LAUNCHES[name] = Budget(0.0, cost, source)
+    return name
 
 
 @dataclass(frozen=True)
@@ -57,6 +119,7 @@ class Check:
     # The checks.hw.base.GPU_FIELDS it reads through GpuHandle.query, as declared (held to the
     # code by tests/framework/test_registry_declarations.py).
     nvml: tuple[str, ...] = ()
+    budget: Budget | None = None  # required by check(); None only for checks tests build by hand
 
     @property
     def doc(self) -> str:
@@ -73,12 +136,12 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
           tags: Iterable[str] = (), needs: Iterable[str] = (),
           timeout_s: float = 60.0, prepare: PrepareFn | None = None,
           gated_by: Iterable[str] = (), gate: GateFn | None = None,
-          scope: str = "host", nvml: Iterable[str] = ()
+          scope: str = "host", nvml: Iterable[str] = (), budget: Budget | None = None
           ) -> Callable[[CheckFn], CheckFn]:
     """Register a check. `id` is stable and hyphenated; `code` is the stable fault code (its
-    troubleshooting entry goes into checks/report/faults.yaml, its value and cost into
-    checks/node/budget.yaml: tests name either when it is missing). `scope` says what one
-    result is about (SCOPES), `nvml` which GPU fields it reads."""
+    troubleshooting entry goes into checks/report/faults.yaml: a test names it when missing).
+    `scope` says what one result is about (SCOPES), `nvml` which GPU fields it reads, `budget`
+    its value and cost for --budget (required: a check without one is refused here)."""
     if level not in LEVELS:
         raise ValueError(f"{id}: unknown level {level}")
     if stage not in STAGES:
@@ -91,6 +154,7 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
         raise ValueError(f"{id}: nvml names {', '.join(unknown)}, not in checks.hw.base.GPU_FIELDS")
 
     def register(func: CheckFn) -> CheckFn:
+        _check_budget(id, budget, func)
         if id in REGISTRY:
             raise ValueError(f"check id {id} registered twice")
         if any(c.code == code for c in REGISTRY.values()):
@@ -98,10 +162,38 @@ def check(id: str, *, code: str, title: str, level: str = "quick", stage: str = 
         REGISTRY[id] = Check(id=id, code=code, title=title, func=func, level=level, stage=stage,
                              tags=(stage, *tags), needs=tuple(needs), timeout_s=timeout_s,
                              seq=len(REGISTRY), prepare=prepare, gated_by=tuple(gated_by),
-                             gate=gate, scope=scope, nvml=fields)
+                             gate=gate, scope=scope, nvml=fields, budget=budget)
         return func
 
     return register
+
+
+def _where(func: Callable[..., Any]) -> str:
+    """`checks/node/suite/gpu_state.py:55`: the decorator's line (the first line of a decorated
+    function's code), relative to the checkout when it is in one."""
+    path = Path(func.__code__.co_filename)
+    root = Path(__file__).resolve().parents[2]
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
+    return f"{shown}:{func.__code__.co_firstlineno}"
+
+
+def _check_budget(id: str, budget: Budget | None, func: Callable[..., Any]) -> None:
+    if budget is None:
+        raise ValueError(
+            f"{_where(func)}: @check({id!r}) has no budget; add "
+            'budget=Budget(value=1-10, cost=Cost(cpu=1, gpu=1), source="estimated") to it '
+            "(checks/node/budget.py says how to judge the value and measure the cost)")
+    if not 1 <= budget.value <= 10:
+        raise ValueError(f"{_where(func)}: @check({id!r}) budget value {budget.value:g} is not 1-10")
+    costs = [budget.cost] + ([budget.smaller_cost] if budget.smaller_cost else [])
+    if any(c.cpu <= 0 or c.gpu <= 0 or c.per_gpu < 0 for c in costs):
+        raise ValueError(f"{_where(func)}: @check({id!r}) budget cost needs cpu and gpu seconds > 0")
+    if budget.source not in SOURCES:
+        raise ValueError(f"{_where(func)}: @check({id!r}) budget source {budget.source!r} is not "
+                         f"one of {', '.join(SOURCES)}")
+    if budget.shared is not None and budget.shared not in LAUNCHES:
+        raise ValueError(f"{_where(func)}: @check({id!r}) budget shares the launch "
+                         f"{budget.shared!r}, which no shared_launch() declares")
 
 
 def depends_on(check_id: str) -> list[str]:

@@ -23,13 +23,15 @@ import time
 
 from checks.model import Result, passed
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.supervise import procs
 
 TIMEOUT_S = 1.0
+# Estimated like a quick check: a --budget plan takes each, and only the deadline stops it.
+BUDGET = Budget(value=5, cost=Cost(cpu=1, gpu=1), source="estimated")
 
 
-@check("spin-forever", code="TST901", title="spins in Python forever", timeout_s=TIMEOUT_S)
+@check("spin-forever", code="TST901", title="spins in Python forever", timeout_s=TIMEOUT_S, budget=BUDGET)
 def spin_forever(_: Context) -> Result:
     n = 0
     while n >= 0:
@@ -38,14 +40,14 @@ def spin_forever(_: Context) -> Result:
 
 
 @check("regex-forever", code="TST902", title="backtracks in one regex call forever",
-       timeout_s=TIMEOUT_S)
+       timeout_s=TIMEOUT_S, budget=BUDGET)
 def regex_forever(_: Context) -> Result:
     re.match(r"(a|aa)+$", "a" * 64 + "b")  # 2^64 ways to fail, all inside one C call
     return passed("never")
 
 
 @check("tree-then-hang", code="TST903", title="starts a process tree, then hangs",
-       timeout_s=TIMEOUT_S)
+       timeout_s=TIMEOUT_S, budget=BUDGET)
 def tree_then_hang(_: Context) -> Result:
     helper = procs.start([sys.executable, "-c",
                           "import subprocess, sys, time; "
@@ -59,24 +61,19 @@ def tree_then_hang(_: Context) -> Result:
     return passed("never")
 
 
-@check("sleep-past-budget", code="TST904", title="sleeps past the run's budget", timeout_s=600)
+@check("sleep-past-budget", code="TST904", title="sleeps past the run's budget", timeout_s=600, budget=BUDGET)
 def sleep_past_budget(_: Context) -> Result:
     time.sleep(600)
     return passed("never")
 
 
-@check("after-the-sleeper", code="TST905", title="runs after sleep-past-budget", timeout_s=5)
+@check("after-the-sleeper", code="TST905", title="runs after sleep-past-budget", timeout_s=5, budget=BUDGET)
 def after_the_sleeper(_: Context) -> Result:
     return passed("ran")
 
 
 if __name__ == "__main__":
     procs.exit_on_signals()
-    from checks.node import budget
-
-    # Estimated like a quick check: the plan takes it, and only the deadline stops it.
-    for check_id in ("sleep-past-budget", "after-the-sleeper"):
-        budget.table()[check_id] = budget.Entry(5, budget.Cost(1, 1), "test")
     from checks.node.node_cli import main
 
     sys.exit(main(sys.argv[1:]))

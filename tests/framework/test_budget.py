@@ -19,10 +19,6 @@ QUICK = [c.id for c in registry.select("quick")]
 ALL = [c.id for c in registry.select("burn-in")]
 
 
-def _entries(**over: budget.Entry) -> dict[str, budget.Entry]:
-    return {**budget.table(), **over}
-
-
 def test_the_table_covers_every_registered_check_with_sane_numbers() -> None:
     table = budget.table()
     assert set(ALL) <= set(table), set(ALL) - set(table)
@@ -56,8 +52,9 @@ def test_a_tight_budget_keeps_the_most_valuable_checks_and_says_what_it_left_out
 
 
 def test_value_decides_before_cost() -> None:
-    entries = {"a": budget.Entry(9, budget.Cost(50, 50), "t"), "b": budget.Entry(2, budget.Cost(10, 10), "t"),
-               "c": budget.Entry(5, budget.Cost(45, 45), "t")}
+    entries = {"a": budget.Budget(9, budget.Cost(50, 50), "t"),
+               "b": budget.Budget(2, budget.Cost(10, 10), "t"),
+               "c": budget.Budget(5, budget.Cost(45, 45), "t")}
     plan = budget.make(["a", "b", "c"], 60, gpus=0, duration_s=600, entries=entries)
     assert [c.id for c in plan.chosen] == ["a", "b"]  # a first; c (45 s) no longer fits; b does
     assert [x["id"] for x in plan.left_out] == ["c"]
@@ -86,11 +83,38 @@ def test_the_burn_in_is_sized_to_what_is_left() -> None:
     assert budget.make(["burn-in"], 50, gpus=8, duration_s=600).left_out[0]["id"] == "burn-in"
 
 
-@pytest.mark.parametrize("data", [{"checks": {"x": {"value": 1}}}, {"nope": 1},
-                                  {"checks": {"x": {"value": 1, "cost_s": {"cpu": "a", "gpu": 1}}}}])
-def test_a_malformed_table_is_one_line_error(data) -> None:
-    with pytest.raises(budget.BudgetError):
-        budget.parse(data)
+def test_the_table_is_the_declarations() -> None:
+    """Each check's entry is the Budget its @check declares; the acceptance launch is declared
+    once with the checks that share it."""
+    table = budget.table()
+    assert all(table[c.id] is c.budget for c in registry.select("burn-in"))
+    assert table["gpu-matmul"].smaller_profile == {"compute": {"matmul_dtypes_gpu": ["bf16"]}}
+    assert {table[f"train-{j}"].shared for j in ("ddp", "single", "throughput")} == {"acceptance"}
+    assert table[budget.SHARED + "acceptance"].cost == budget.Cost(cpu=20, gpu=90, per_gpu=2)
+
+
+def _never(_: object) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("declared", "message"), [
+    (None, r"test_budget\.py:\d+: @check\('zz-budget'\) has no budget; add budget=Budget\(value=1-10, "
+           r"cost=Cost\(cpu=1, gpu=1\), source=\"estimated\"\) to it"),
+    (budget.Budget(11, budget.Cost(1, 1), "estimated"), r"budget value 11 is not 1-10"),
+    (budget.Budget(5, budget.Cost(0, 1), "estimated"), r"cpu and gpu seconds > 0"),
+    (budget.Budget(5, budget.Cost(1, 1), "guessed"), r"source 'guessed' is not one of"),
+    (budget.Budget(5, budget.Cost(1, 1), "estimated", shared="nope"),
+     r"shares the launch 'nope', which no shared_launch\(\) declares"),
+], ids=["missing", "value", "cost", "source", "shared"])
+def test_a_check_without_a_sound_budget_is_refused_where_it_is_declared(declared, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        registry.check("zz-budget", code="ZZ901", title="t", budget=declared)(_never)
+    assert "zz-budget" not in registry.REGISTRY
+
+
+def test_a_cost_that_is_not_a_number_is_refused() -> None:
+    with pytest.raises(ValueError):
+        budget.Cost("a", 1)  # type: ignore[arg-type]
 
 
 # --- through python -m checks ------------------------------------------------------------------
@@ -179,8 +203,8 @@ def test_a_budget_too_small_for_the_health_checks_is_a_usage_error(argv, message
 
 
 def test_the_health_checks_are_planned_before_anything_more_valuable() -> None:
-    entries = {"health": budget.Entry(3, budget.Cost(10, 10), "t"),
-               "workload": budget.Entry(9, budget.Cost(50, 50), "t")}
+    entries = {"health": budget.Budget(3, budget.Cost(10, 10), "t"),
+               "workload": budget.Budget(9, budget.Cost(50, 50), "t")}
     plan = budget.make(["health", "workload"], 55, gpus=0, duration_s=600, entries=entries,
                        required=["health"])
     assert [c.id for c in plan.chosen] == ["health"]  # by value alone, workload would fill it

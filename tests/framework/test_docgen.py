@@ -212,6 +212,25 @@ def test_a_new_check_makes_where_a_check_lives_stale_and_names_its_module(
         in capsys.readouterr().err
 
 
+def test_the_field_table_names_the_checks_that_declare_each_field(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The readers are the checks' nvml= declarations (held to real runs by
+    test_registry_declarations), not a reading of their source: the burn-in reads the maximum SM
+    clock through a helper in another module."""
+    from checks.docgen import derive, gpu_fields
+    from checks.node import registry
+
+    def reads_clock(ctx: object) -> list[object]:
+        return []
+
+    new = registry.Check(id="clock-reader", code="GPU098", title="t", func=reads_clock,
+                         nvml=("sm_clock_max_mhz",))
+    real = derive.checks()
+    monkeypatch.setattr(derive, "checks", lambda: [*real, new])
+    [row] = [r for r in gpu_fields.fields_table().splitlines() if r.startswith("| `sm_clock_max_mhz` |")]
+    assert row.endswith("| `burn-in`, `clock-reader` |")
+
+
 def test_a_new_gpu_field_without_an_nvml_reader_is_one_line_and_exit_2(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from checks.docgen import gpu_fields

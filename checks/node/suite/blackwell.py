@@ -18,7 +18,7 @@ from typing import Any
 from checks.hw.base import HardwareError, NotSupported
 from checks.model import Result, Status, error, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 ON_BUS = ("pci-gpus",)  # no GPU on the bus: skip with its reason
@@ -39,7 +39,8 @@ def _not_blackwell(ctx: Context) -> Result:
 
 
 @check("blackwell-open-module", code="GPU030", title="Blackwell: open GPU kernel module loaded",
-       stage="inventory", needs=ON_BUS)
+       stage="inventory", needs=ON_BUS,
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def open_module(ctx: Context) -> Iterator[Result]:
     """Blackwell GPUs run only with NVIDIA's open kernel modules (driver README): the
     proprietary nvidia.ko cannot initialise them (RmInitAdapter fails, NVML lists no GPU). The
@@ -75,7 +76,8 @@ def open_module(ctx: Context) -> Iterator[Result]:
 
 
 @check("blackwell-platform", code="GPU031", title="Blackwell platform from the PCI bus and DMI",
-       stage="inventory", needs=ON_BUS)
+       stage="inventory", needs=ON_BUS,
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def platform(ctx: Context) -> Iterator[Result]:
     """Says which Blackwell platform this node is: the profile chosen from the GPUs' PCI device
     IDs, the number of GPUs on the bus against the platform's (8 on HGX, 4 on an NVL72 tray),
@@ -144,7 +146,8 @@ def _registered(info: dict[str, Any]) -> bool:
 
 
 @check("nvlink5-fabric", code="GPU032", title="HGX Blackwell: Fabric Manager, NVLSM, GPUs registered",
-       needs=DRIVER, nvml=("fabric_info",))
+       needs=DRIVER, nvml=("fabric_info",),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
     """HGX B200/B300 NVSwitches are programmed by NVLSM (NVLink subnet manager) with Fabric
     Manager, through ConnectX management functions that need the ib_umad module; until both
@@ -211,7 +214,8 @@ def nvlink5_fabric(ctx: Context) -> Iterator[Result]:
 
 
 @check("nvl72-fabric", code="GPU033", title="NVL72 tray: GPUs registered in one NVLink domain",
-       needs=DRIVER, nvml=("fabric_info",))
+       needs=DRIVER, nvml=("fabric_info",),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def nvl72_fabric(ctx: Context) -> Iterator[Result]:
     """Every GPU of an NVL72 compute tray must have completed fabric registration with a
     non-zero cluster UUID and clique ID, the same on all GPUs of the tray: NCCL uses multi-node
@@ -268,7 +272,8 @@ def nvl72_fabric(ctx: Context) -> Iterator[Result]:
 
 
 @check("imex-service", code="GPU034", title="NVL72 tray: IMEX service running with its node list",
-       stage="health", needs=ON_BUS)
+       stage="health", needs=ON_BUS,
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def imex_service(ctx: Context) -> Iterator[Result]:
     """Multi-node NVLink memory sharing needs nvidia-imex running on every tray of the domain
     with nodes_config.cfg listing the domain's nodes (NVIDIA IMEX guide). FAILs: the unit not

@@ -21,7 +21,7 @@ import yaml
 from checks.hw.base import HardwareError, ToolRun
 from checks.model import Result, Status, error, passed, skip
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 RULES = Path(__file__).resolve().parents[1] / "bmc_events.yaml"
 CRITICAL = {"cr", "nr", "lcr", "ucr", "lnr", "unr"}
@@ -134,7 +134,9 @@ def _run(ctx: Context, args: tuple[str, ...], timeout_s: float) -> ToolRun | Res
 
 
 @check("bmc-sensors", code="BMC001", title="BMC sensors and event log: PSUs, fans, temperatures",
-       stage="host")
+       stage="host",
+       # ipmitool talks to the BMC over KCS: a few seconds for `sdr` and `sel elist`
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=5), source="estimated"))
 def bmc_sensors(ctx: Context) -> Iterator[Result]:
     """`ipmitool sdr`: sensors in a critical or non-recoverable state are judged by profile
     bmc.critical_status, non-critical ones by bmc.noncritical_status. `ipmitool sel elist`:

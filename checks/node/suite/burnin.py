@@ -13,7 +13,7 @@ from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.gpu_power_thermal import THROTTLE_BAD
 
 REMEDY_SDC = ("silent data corruption: drain the node, rerun the burn-in to confirm, run "
@@ -238,7 +238,10 @@ class _GpuBurnJudge:
        gated_by=("gpu-occupied",),
        scope="gpu",
        nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "temperature_slowdown_c",
-             "sm_clock_max_mhz", "compute_mode"))
+             "sm_clock_max_mhz", "compute_mode"),
+       # start-up around the timed load; load-dependent faults (SBE bursts, clocks, PCIe downtraining) show
+       # only under load
+       budget=Budget(value=6, cost=Cost(cpu=10, gpu=20), source="estimated", min_duration_s=60))
 def burn_in(ctx: Context) -> Iterator[Result]:
     """--duration of identical GEMMs (burn_in.n_gpu, bf16) on every GPU at once, NVML sampled under
     load. FAIL when a GPU's results differ from its own first result or from the other GPUs'

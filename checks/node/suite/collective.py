@@ -11,7 +11,7 @@ from checks.model import Result, error, fail, passed, skip, warn
 from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 REMEDY_HANG = ("rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,COLL) to see where the "
                "named rank stops; check that GPU's xid-events, nvlink and pcie-link results and "
@@ -244,7 +244,9 @@ def judge_collectives(m: dict[str, Any], threshold: rules.Threshold | None,
        level="standard", stage="workload", tags=("collective", "multiprocess"), timeout_s=3600,
        gated_by=("gpu-occupied",),
        nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "nvlink", "fabric_info",
-             "compute_mode", "nvlink_p2p_peers"))
+             "compute_mode", "nvlink_p2p_peers"),
+       # cpu 3.1-5.5 s
+       budget=Budget(value=8, cost=Cost(cpu=8, gpu=60, per_gpu=2), source="measured cpu", min_gpus=2))
 def nccl_allreduce(ctx: Context) -> Result:
     """One process per GPU (NCCL), or N CPU processes with gloo: exact integer
     patterns through all-reduce, all-gather, reduce-scatter and broadcast, all-to-all (MoE) and

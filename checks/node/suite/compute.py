@@ -12,7 +12,7 @@ from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 REMEDY_SLOW = ("compare with clock-throttle, gpu-power and gpu-temperature for this GPU (power "
                "cap, thermal slowdown), check `nvidia-smi -q -d PERFORMANCE,CLOCK` under load; "
@@ -121,7 +121,12 @@ def _gpu_results(ctx: Context, rows: list[dict[str, Any]], metrics: list[str], k
 
 @check("gpu-matmul", code="CMP001", title="dense matmul TFLOP/s per GPU (bf16, fp16, tf32, fp32)",
        level="standard", stage="workload", tags=("compute", "gpu"), timeout_s=1800,
-       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"),
+       # 4 dtypes x 8192^3, >= 0.2 s per timed repeat; cpu 9.3 s. Smaller: bf16 only, the dtype
+       # training runs in.
+       budget=Budget(value=7, cost=Cost(cpu=10, gpu=12, per_gpu=6), source="measured cpu",
+                     smaller_cost=Cost(cpu=10, gpu=12, per_gpu=2),
+                     smaller_profile={"compute": {"matmul_dtypes_gpu": ["bf16"]}}))
 def gpu_matmul(ctx: Context) -> Iterator[Result]:
     """n x n x n matmul (compute.matmul_n, 8192) per dtype on every GPU, as TFLOP/s and % of the
     profile's spec peak. FAIL below compute.matmul_min_fraction x peak (or
@@ -158,7 +163,8 @@ def gpu_matmul(ctx: Context) -> Iterator[Result]:
 
 @check("gpu-membw", code="CMP002", title="device memory copy bandwidth per GPU",
        level="standard", stage="workload", tags=("compute", "gpu"), timeout_s=900,
-       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"),
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=12, per_gpu=2), source="measured cpu"))  # cpu 0.45 s
 def gpu_membw(ctx: Context) -> Iterator[Result]:
     """Device-to-device copy of compute.membw_bytes (2 GiB), counted read + write, per GPU.
     FAIL below thresholds.mem_bw_gbs (DCGM-style floor) or compute.membw_min_fraction x

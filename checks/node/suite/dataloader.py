@@ -9,7 +9,7 @@ from checks.model import Result, fail, passed, warn
 from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 GIB, MIB = 1 << 30, 1 << 20
 TAGS = ("dataloader", "cpu")
@@ -48,7 +48,9 @@ def judge_workers(m: dict[str, Any]) -> Result:
 
 @check("dataloader-workers", code="DAT001",
        title="DataLoader workers: every start method, persistent or not, exact data",
-       level="standard", stage="workload", tags=TAGS, timeout_s=600)
+       level="standard", stage="workload", tags=TAGS, timeout_s=600,
+       # cpu 8.0-10.6 s
+       budget=Budget(value=4, cost=Cost(cpu=15, gpu=15), source="measured cpu"))
 def dataloader_workers(ctx: Context) -> Result:
     """Real DataLoaders for each start method (fork, forkserver, spawn) with persistent_workers
     on and off (dataloader.workers each; dataloader.spawn_workers for spawn): the union of the
@@ -103,7 +105,8 @@ def judge_shm(total: int, free: int, need: dict[str, int], headroom: float) -> R
 
 
 @check("dataloader-shm", code="DAT002", title="/dev/shm fits the configured DataLoaders",
-       level="standard", stage="workload", tags=TAGS, timeout_s=60)
+       level="standard", stage="workload", tags=TAGS, timeout_s=60,
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def dataloader_shm(ctx: Context) -> Result:
     """Shared memory the node's loaders hold at once (ranks x workers_per_rank x
     (prefetch_factor + 1) x batch bytes, profile `dataloader.*`) against /dev/shm free space.
@@ -166,7 +169,9 @@ def judge_scaling(m: dict[str, Any], fraction: float, cpus: int) -> Result:
 @check("dataloader-scaling", code="DAT003",
        title="DataLoader throughput vs worker count (curve and saturation point)",
        level="standard", stage="workload", tags=TAGS, timeout_s=900,
-       nvml=("compute_capability", "compute_mode"))
+       nvml=("compute_capability", "compute_mode"),
+       # cpu 20.4 s
+       budget=Budget(value=3, cost=Cost(cpu=25, gpu=25), source="measured cpu"))
 def dataloader_scaling(ctx: Context) -> Result:
     """samples/s on a synthetic CPU-heavy dataset for 0, 1, 2, 4 ... workers up to the CPU
     count (capped by dataloader.scaling_max_workers); reports the curve and where it reaches
@@ -213,7 +218,9 @@ def judge_worker_death(m: dict[str, Any]) -> Result:
 
 @check("dataloader-worker-death", code="DAT004",
        title="a DataLoader worker killed mid-epoch is reported, not hung on",
-       level="standard", stage="workload", tags=TAGS, timeout_s=120)
+       level="standard", stage="workload", tags=TAGS, timeout_s=120,
+       # cpu 3.2 s
+       budget=Budget(value=4, cost=Cost(cpu=5, gpu=5), source="measured cpu"))
 def dataloader_worker_death(ctx: Context) -> Result:
     """A worker SIGKILLs itself in the middle of an epoch (as an OOM kill would). The loader
     (with timeout=dataloader.worker_timeout_s) must raise an error within

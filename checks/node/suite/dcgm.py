@@ -24,7 +24,7 @@ import yaml
 from checks.hw.base import HardwareError, NotSupported
 from checks.model import Device, Result, Status, error, passed, skip
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 TABLE = Path(__file__).resolve().parents[1] / "dcgm_tests.yaml"
 STATUS = {"pass": Status.PASS, "passed": Status.PASS, "fail": Status.FAIL,
@@ -201,7 +201,9 @@ def _diagnose(ctx: Context) -> tuple[Any, str, str] | Result:
 
 
 @check("dcgm-diag", code="DCGM001", title="DCGM diagnostic (dcgmi diag) within the level's budget",
-       level="standard", needs=("driver-loaded",), timeout_s=3600)
+       level="standard", needs=("driver-loaded",), timeout_s=3600,
+       # dcgmi diag -r 2 (standard): "~2 min" (field-reference.md); without DCGM it SKIPs at once
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=150), source="estimated"))
 def dcgm_diag(ctx: Context) -> Iterator[Result]:
     """When DCGM is installed: `dcgmi diag -r N -j` with N and its deadline from the profile
     (dcgm.run_by_level, dcgm.timeout_s_by_level); killed at the deadline: ERROR. Each test's

@@ -12,7 +12,7 @@ from checks.model import Result, fail, passed, skip, warn
 from checks.node import workload_plan as plan
 from checks.node.context import Context
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.burnin import REMEDY_SDC
 
 NONDETERMINISTIC = ("a GPU that cannot repeat its own result is faulty or runs non-deterministic "
@@ -30,7 +30,9 @@ def majority(digests: list[str]) -> str | None:
 @check("reference-digest", code="SDC001",
        title="deterministic reference computation: same SHA-256 on every GPU, run after run",
        level="standard", stage="workload", tags=("compute", "gpu", "sdc"), timeout_s=300,
-       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"))
+       gated_by=("gpu-occupied",), scope="gpu", nvml=("compute_capability", "compute_mode"),
+       # cpu 7 s
+       budget=Budget(value=7, cost=Cost(cpu=10, gpu=12, per_gpu=1), source="measured cpu"))
 def reference_digest(ctx: Context) -> Iterator[Result]:
     """A fixed fp32 matmul chain (fixed seed and sizes, deterministic algorithms, TF32 off) run
     twice on every GPU; the SHA-256 of its result goes into the report for the fleet comparison.

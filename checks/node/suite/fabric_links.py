@@ -11,7 +11,7 @@ from typing import Any
 from checks.hw.base import PciDevice, RdmaDevice, RdmaPort
 from checks.model import Device, Result, error, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 NO_RDMA = "no RDMA devices (/sys/class/infiniband is empty or absent): no RDMA fabric to check"
 AFFINITY_RANK = {"pcie-switch": 0, "numa": 1, "cross-socket": 2, "unknown": 3}
@@ -55,7 +55,9 @@ def compute_nics(ctx: Context, devices: list[RdmaDevice]) -> list[RdmaDevice]:
 
 
 @check("rdma-ports", code="NET001", title="RDMA ports active, at the expected rate, MTU, RoCE GIDs",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       # sysfs reads plus `ibv_devinfo`
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=2), source="estimated"))
 def rdma_ports(ctx: Context) -> list[Result]:
     """Every port of every RDMA device: state ACTIVE, physical state LinkUp, rate at least the
     expected one (--expect-rdma-rate or profile rdma.expected_rate_gbps), width (profile
@@ -142,7 +144,8 @@ def _judge_port(dev: RdmaDevice, port: RdmaPort, rate: Any, rate_src: str, width
 
 
 @check("rdma-firmware", code="NET002", title="same firmware on every HCA of a model",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       budget=Budget(value=5, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def rdma_firmware(ctx: Context) -> list[Result]:
     """HCAs of one type (sysfs hca_type) must run one firmware version: mixed firmware is a
     half-finished update (gcm's check-iblink fails firmware mismatches)."""
@@ -178,7 +181,8 @@ def rdma_firmware(ctx: Context) -> list[Result]:
 
 
 @check("rdma-counters", code="NET003", title="RDMA port error counters and link flaps",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def rdma_counters(ctx: Context) -> list[Result]:
     """Port error counters since they were last cleared (usually boot) against profile
     rdma.counters: above `warn` WARN, above `fail` FAIL. link_downed counts link flaps and names
@@ -259,7 +263,8 @@ def rails_map(ctx: Context, nics: list[RdmaDevice]) -> list[Rail]:
 
 
 @check("rdma-rails", code="NET004", title="compute NIC count and each GPU's nearest NIC",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def rdma_rails(ctx: Context) -> list[Result]:
     """The rails map: for each GPU the nearest compute NIC from the PCI topology (same PCIe
     switch, else same NUMA node). FAIL when fewer compute NICs than expected

@@ -8,7 +8,7 @@ import re
 from checks.hw.base import HardwareError, PciDevice, RdmaDevice
 from checks.model import Device, Result, error, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.fabric_links import NO_RDMA, compute_nics, rails_map, rdma_of
 
 # ACS Control bits (PCIe base spec 7.7.8.3) that send peer-to-peer traffic up to the root
@@ -25,7 +25,8 @@ def _kernel_at_least(release: str, major: int, minor: int) -> bool:
 
 
 @check("gpudirect-rdma", code="NET005", title="GPUDirect RDMA available (peer memory or dma-buf)",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def gpudirect_rdma(ctx: Context) -> Result:
     """Where GPUs and RDMA devices meet, NCCL needs a GPU memory path for the NIC: the
     nvidia_peermem module registered with the RDMA core (/sys/kernel/mm/memory_peers/nv_mem),
@@ -87,7 +88,9 @@ def _bridges_between(gpu: PciDevice, nic: RdmaDevice) -> list[str]:
 
 
 @check("pcie-acs", code="NET006", title="ACS redirect off between each GPU and its NIC",
-       stage="health", tags=("fabric",))
+       stage="health", tags=("fabric",),
+       # config-space reads of every bridge on the GPU-NIC path
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=2), source="estimated"))
 def pcie_acs(ctx: Context) -> list[Result]:
     """ACS P2P redirect on a PCIe bridge between a GPU and its nearest NIC sends GPUDirect
     traffic through the root complex: slow, and NCCL can hang (nccl#2079, #606). FAIL on bare

@@ -12,7 +12,7 @@ from checks.hw.measure.nccl_log import NcclLog
 from checks.model import Result, error, fail, passed, skip, warn
 from checks.node import workload_plan as plan
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite import p2p
 from checks.node.suite.fabric_links import active_ports, rdma_of
 from checks.node.topology import NVLINK
@@ -48,7 +48,8 @@ def _names_match(spec: str, names: list[str]) -> list[str]:
 
 
 @check("nccl-env", code="NET007", title="no NCCL variable silently cripples a job",
-       stage="health", tags=("fabric", "nccl"))
+       stage="health", tags=("fabric", "nccl"),
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def nccl_env(ctx: Context) -> list[Result]:
     """NCCL_* variables in this environment that disable a transport (NCCL_P2P_DISABLE,
     NCCL_P2P_LEVEL=LOC, NCCL_IB_DISABLE, NCCL_NET=Socket, ...) or name nothing that exists
@@ -290,7 +291,9 @@ def judge_transport(log: NcclLog, exp: TransportExpectation) -> Result:
 @check("nccl-transport", code="NET008",
        title="NCCL used the expected transports (P2P in node, IB+GDRDMA across nodes, NVLS)",
        level="standard", stage="workload", tags=("fabric", "nccl", "collective"),
-       nvml=("compute_capability", "nvlink", "fabric_info", "nvlink_p2p_peers"))
+       nvml=("compute_capability", "nvlink", "fabric_info", "nvlink_p2p_peers"),
+       # reads the log of the nccl-allreduce launch (no launch of its own)
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="estimated", min_gpus=2))
 def nccl_transport(ctx: Context) -> Result:
     """Reads the NCCL INFO log the nccl-allreduce check captured and judges the transport of
     every channel against the node: in-node P2P where the GPUs have NVLink (every pair on an

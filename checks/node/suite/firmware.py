@@ -15,7 +15,7 @@ from checks.hw.base import GpuLost, HardwareError, NotSupported
 from checks.model import Result, Status, error, passed, skip
 from checks.node.context import Context
 from checks.node.perdevice import REMEDY_LOST
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 FIELDS = {"vbios": "vbios_version", "inforom": "inforom_image_version"}
 REMEDY = ("flash the odd GPU(s) to the node's firmware with the vendor's tool (nvflash or the "
@@ -31,7 +31,8 @@ def _status(name: str) -> Status:
 
 
 @check("gpu-firmware", code="GPU051", title="same VBIOS and InfoROM on every GPU of a model",
-       needs=("driver-loaded",), scope="gpu", nvml=("vbios_version", "inforom_image_version"))
+       needs=("driver-loaded",), scope="gpu", nvml=("vbios_version", "inforom_image_version"),
+       budget=Budget(value=5, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def gpu_firmware(ctx: Context) -> Iterator[Result]:
     """Per GPU model, the VBIOS (nvmlDeviceGetVbiosVersion) and InfoROM image
     (nvmlDeviceGetInforomImageVersion) the most GPUs carry is the node's; a GPU with another

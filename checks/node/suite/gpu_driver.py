@@ -7,13 +7,14 @@ from collections.abc import Iterator
 from checks.model import Result, passed, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 
 
 @check("persistence-mode", code="GPU001", title="persistence mode on", needs=DRIVER,
-       scope="gpu", nvml=("persistence_mode",))
+       scope="gpu", nvml=("persistence_mode",),
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def persistence_mode(ctx: Context) -> Iterator[Result]:
     """Without persistence the driver tears down and re-initialises GPUs between jobs (slow
     starts, lost state). Profile: persistence.required."""

@@ -10,7 +10,7 @@ from checks.hw.base import NotSupported
 from checks.model import Result, fail, passed, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 REMEDY_RMA = "drain the node and open an RMA for this GPU (quote serial and the fault code)"
@@ -19,7 +19,8 @@ REMEDY_RMA = "drain the node and open an RMA for this GPU (quote serial and the 
 @check("ecc-errors", code="GPU002", title="ECC enabled, no uncorrectable errors", needs=DRIVER,
        scope="gpu",
        nvml=("ecc_mode", "ecc_volatile_uncorrected", "ecc_volatile_corrected",
-             "ecc_aggregate_uncorrected", "ecc_aggregate_corrected", "ecc_by_location"))
+             "ecc_aggregate_uncorrected", "ecc_aggregate_corrected", "ecc_by_location"),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def ecc_errors(ctx: Context) -> Iterator[Result]:
     """Volatile (since boot) uncorrectable ECC errors fail. Where NVML splits counts by location
     (Ampere+), correctable counts are judged per location (SRAM ecc.sram_corrected_warn, DRAM
@@ -94,7 +95,8 @@ def ecc_errors(ctx: Context) -> Iterator[Result]:
 
 
 @check("retired-pages", code="GPU003", title="retired memory pages (pre-Ampere GPUs)",
-       needs=DRIVER, scope="gpu", nvml=("retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"))
+       needs=DRIVER, scope="gpu", nvml=("retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"),
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def retired_pages(ctx: Context) -> Iterator[Result]:
     """Pages retired for ECC errors; pending retirement or more than retired_pages.max fails.
     Ampere and newer remap rows instead (see row-remap) and report SKIP here."""
@@ -117,7 +119,8 @@ def retired_pages(ctx: Context) -> Iterator[Result]:
 
 
 @check("row-remap", code="GPU004", title="row remapping: nothing pending or failed", needs=DRIVER,
-       scope="gpu", nvml=("remapped_rows",))
+       scope="gpu", nvml=("remapped_rows",),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def row_remap(ctx: Context) -> Iterator[Result]:
     """Ampere+ remap HBM rows after memory errors. NVIDIA's GPU memory error management guide: a
     remap takes effect at the next GPU reset, and while it is pending unaffected workloads go on

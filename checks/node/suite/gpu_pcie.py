@@ -8,7 +8,7 @@ from checks.hw.base import NotSupported
 from checks.model import Result, fail, passed, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 
@@ -16,7 +16,8 @@ DRIVER = ("driver-loaded",)
 @check("pcie-link", code="GPU006", title="PCIe link at full width and generation", needs=DRIVER,
        scope="gpu",
        nvml=("pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
-             "pcie_replay_counter", "utilization_gpu"))
+             "pcie_replay_counter", "utilization_gpu"),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def pcie_link(ctx: Context) -> Iterator[Result]:
     """Width below the maximum fails (a x8 link halves host bandwidth). Idle GPUs downclock the
     link generation, so generation is judged by the maximum and only warned under load."""

@@ -8,7 +8,7 @@ from checks.hw.base import NotSupported
 from checks.model import Result, fail, passed, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 
@@ -21,7 +21,8 @@ THROTTLE_INFO = {0x1: "idle", 0x2: "application clocks", 0x4: "SW power cap", 0x
 
 
 @check("clock-throttle", code="GPU007", title="no thermal or hardware clock slowdown",
-       needs=DRIVER, scope="gpu", nvml=("clock_event_reasons",))
+       needs=DRIVER, scope="gpu", nvml=("clock_event_reasons",),
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def clock_throttle(ctx: Context) -> Iterator[Result]:
     """Clock event reasons: thermal, HW slowdown and power brake fail; idle and the software
     power cap are normal."""
@@ -42,7 +43,8 @@ def clock_throttle(ctx: Context) -> Iterator[Result]:
 
 
 @check("gpu-temperature", code="GPU008", title="GPU temperature below the slowdown threshold",
-       needs=DRIVER, scope="gpu", nvml=("temperature_c", "temperature_slowdown_c"))
+       needs=DRIVER, scope="gpu", nvml=("temperature_c", "temperature_slowdown_c"),
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def gpu_temperature(ctx: Context) -> Iterator[Result]:
     """At or above NVML's slowdown threshold fails; within thermal.slowdown_margin_c warns."""
     margin = int(ctx.profile.require("thermal.slowdown_margin_c"))
@@ -64,7 +66,8 @@ def gpu_temperature(ctx: Context) -> Iterator[Result]:
 
 
 @check("gpu-power", code="GPU009", title="power limit not capped", needs=DRIVER,
-       scope="gpu", nvml=("power_w", "power_limit_w", "power_default_limit_w"))
+       scope="gpu", nvml=("power_w", "power_limit_w", "power_default_limit_w"),
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def gpu_power(ctx: Context) -> Iterator[Result]:
     """An enforced power limit below power.min_limit_fraction of the default (or of the
     profile's power.default_limit_w) slows training without any error."""

@@ -11,7 +11,7 @@ from checks.hw.base import NotSupported
 from checks.model import Result, fail, passed, skip, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.gpu_memory import REMEDY_RMA
 
 DRIVER = ("driver-loaded",)
@@ -100,7 +100,8 @@ def _judge_links(gpu: Gpu, setting: _NvlinkSetting, profile: str, error_warn: in
 
 
 @check("nvlink", code="GPU010", title="NVLink links up and error counters low", needs=DRIVER,
-       scope="gpu", nvml=("nvlink",))
+       scope="gpu", nvml=("nvlink",),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def nvlink(ctx: Context) -> Iterator[Result]:
     """How many links must be up comes from what the node is: SXM parts (profile nvlink.links)
     on a baseboard whose NVSwitches are on the bus, or whose links are in use, need all of
@@ -130,7 +131,8 @@ def _fabric(gpu: Gpu) -> dict[str, Any] | None:
 
 
 @check("fabric-manager", code="GPU011", title="NVSwitch fabric: Fabric Manager and GPU registration",
-       needs=DRIVER, nvml=("fabric_info",))
+       needs=DRIVER, nvml=("fabric_info",),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def fabric_manager(ctx: Context) -> Iterator[Result]:
     """On NVSwitch systems every GPU must have completed fabric registration (NVML
     GpuFabricInfo), nvidia-fabricmanager must be active and of the driver's exact version, or

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from checks.model import Result, fail, passed, warn
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 DRIVER = ("driver-loaded",)
 
 
 @check("compute-mode", code="GPU020", title="compute mode lets training processes in",
-       needs=DRIVER, scope="gpu", nvml=("compute_mode",))
+       needs=DRIVER, scope="gpu", nvml=("compute_mode",),
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def compute_mode(ctx: Context) -> Iterator[Result]:
     """PROHIBITED admits no CUDA context (nothing can train) and fails. EXCLUSIVE_PROCESS
     admits one process per GPU: training with one rank per GPU works, tools that open a second
@@ -53,7 +54,9 @@ RECOVERY_REMEDIES = {
 
 
 @check("gpu-recovery-action", code="GPU015", title="the driver asks for no GPU reset or reboot",
-       needs=DRIVER, scope="gpu", nvml=("recovery_action",))
+       needs=DRIVER, scope="gpu", nvml=("recovery_action",),
+       # one NVML field read per GPU, as ecc-errors; a reset or reboot the driver asks for kills jobs
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def gpu_recovery_action(ctx: Context) -> Iterator[Result]:
     """NVML's recovery action for each GPU (nvmlDeviceGetFieldValues,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): NONE passes; GPU_RESET, BUS_RESET, NODE_REBOOT,
@@ -79,7 +82,8 @@ def gpu_recovery_action(ctx: Context) -> Iterator[Result]:
 
 
 @check("mig-mode", code="GPU012", title="MIG mode as expected", needs=DRIVER,
-       scope="gpu", nvml=("mig_mode",))
+       scope="gpu", nvml=("mig_mode",),
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def mig_mode(ctx: Context) -> Iterator[Result]:
     """Training nodes normally run with MIG off (profile mig.expected)."""
     expected = bool(ctx.profile.get("mig.expected"))

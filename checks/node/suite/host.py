@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from checks.model import Result, fail, passed, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -14,7 +14,8 @@ def _size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
 
-@check("os-supported", code="HOST001", title="OS release and kernel are supported", stage="host")
+@check("os-supported", code="HOST001", title="OS release and kernel are supported", stage="host",
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def os_supported(ctx: Context) -> Result:
     """The OS is one the playbooks provision and CI tests (profile host.supported_os)."""
     release = ctx.hw.os_release()
@@ -30,7 +31,8 @@ def os_supported(ctx: Context) -> Result:
                        "not provisioned or tested by this tool")
 
 
-@check("nouveau-not-loaded", code="HOST002", title="nouveau is not loaded", stage="host")
+@check("nouveau-not-loaded", code="HOST002", title="nouveau is not loaded", stage="host",
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def nouveau_not_loaded(ctx: Context) -> Result:
     """With NVIDIA GPUs present the open-source nouveau driver must not hold them."""
     modules = ctx.hw.loaded_modules()
@@ -48,7 +50,8 @@ def nouveau_not_loaded(ctx: Context) -> Result:
 
 
 @check("secure-boot", code="HOST003", title="Secure Boot state vs module signatures",
-       stage="host")
+       stage="host",
+       budget=Budget(value=5, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def secure_boot(ctx: Context) -> Result:
     """Secure Boot on with an unsigned nvidia module means the module will not load."""
     state = ctx.hw.secure_boot()
@@ -70,7 +73,8 @@ def secure_boot(ctx: Context) -> Result:
 
 
 @check("shm-size", code="HOST004", title="/dev/shm is large enough for DataLoader workers",
-       stage="host")
+       stage="host",
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def shm_size(ctx: Context) -> Result:
     """DataLoader workers pass batches through /dev/shm; 64 MB (container default) dies with
     'bus error'. Threshold: profile host.shm_min_bytes."""
@@ -87,7 +91,8 @@ def shm_size(ctx: Context) -> Result:
 
 
 @check("memlock-limit", code="HOST005", title="locked-memory limit (pinned memory, RDMA)",
-       stage="host")
+       stage="host",
+       budget=Budget(value=5, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def memlock_limit(ctx: Context) -> Result:
     """Pinned host memory and GPUDirect RDMA need a large RLIMIT_MEMLOCK (unlimited is usual)."""
     limit = ctx.hw.memlock_limit()
@@ -103,7 +108,8 @@ def memlock_limit(ctx: Context) -> Result:
                   expected=f">= {_size(minimum)}")
 
 
-@check("cpu-numa", code="HOST006", title="CPUs and NUMA layout per GPU", stage="host")
+@check("cpu-numa", code="HOST006", title="CPUs and NUMA layout per GPU", stage="host",
+       budget=Budget(value=4, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def cpu_numa(ctx: Context) -> Result:
     """Reports CPUs and NUMA nodes; WARN when there are fewer CPUs per GPU than the profile's
     host.cpus_per_gpu_min (DataLoader workers starve the GPUs)."""

@@ -10,7 +10,7 @@ from typing import Any
 from checks.hw.base import HardwareError, NvmlUnavailable
 from checks.model import Device, Result, error, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.remedies import GPU_LOST
 
 NO_GPU = "no NVIDIA device on the PCI bus"
@@ -18,7 +18,8 @@ REMEDY_DRIVER = ("install the NVIDIA driver (`make provision`), then reboot so t
                  "loads; check `dmesg | grep -i nvrm` for load errors")
 
 
-@check("pci-gpus", code="INV001", title="NVIDIA GPUs on the PCI bus", stage="inventory")
+@check("pci-gpus", code="INV001", title="NVIDIA GPUs on the PCI bus", stage="inventory",
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def pci_gpus(ctx: Context) -> Result:
     """Counts NVIDIA display/3D controllers (and NVSwitch bridges) on the PCI bus, the ground
     truth that needs no driver. SKIP (and every GPU check with it) when there are none."""
@@ -38,7 +39,8 @@ def pci_gpus(ctx: Context) -> Result:
 
 
 @check("driver-loaded", code="INV002", title="NVIDIA kernel driver loaded and NVML answers",
-       stage="inventory", needs=("pci-gpus",))
+       stage="inventory", needs=("pci-gpus",),
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def driver_loaded(ctx: Context) -> Result:
     """GPUs on the PCI bus with no loaded driver or no NVML library is a FAIL, not a skip."""
     count = len(ctx.pci_gpus)
@@ -65,7 +67,8 @@ def driver_loaded(ctx: Context) -> Result:
 
 
 @check("gpu-profile", code="INV003", title="GPU model has a threshold profile", stage="inventory",
-       needs=("pci-gpus",))
+       needs=("pci-gpus",),
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def gpu_profile(ctx: Context) -> Result:
     """Which per-model profile supplies the thresholds; unknown models fall back to generic."""
     profile = ctx.profile
@@ -179,7 +182,9 @@ def _torch_problems(c: _Counts, visible: Any, torch: Any, want: int, note: str) 
 
 
 @check("gpu-count", code="INV004", title="every GPU on the PCI bus is seen by NVML and torch",
-       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",))
+       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",),
+       # gpu: torch + CUDA init
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=5), source="estimated"))
 def gpu_count(ctx: Context) -> Iterator[Result]:
     """Counts the GPUs on the PCI bus, in NVML and in torch (CUDA_VISIBLE_DEVICES applied)
     against --expect-gpus and the platform (an NVSwitch baseboard holds profile gpus_per_node),
@@ -225,7 +230,8 @@ def _branch(version: str) -> int | None:
 
 
 @check("driver-version", code="INV005", title="driver version: kernel vs library vs expected",
-       stage="inventory", needs=("driver-loaded",))
+       stage="inventory", needs=("driver-loaded",),
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def driver_version(ctx: Context) -> Result:
     """Loaded kernel module (/proc/driver/nvidia/version) must equal the user-space library
     (NVML) and meet --expect-driver (branch or exact) or the profile's driver.min_branch."""
@@ -266,7 +272,8 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 @check("cuda-compat", code="INV006", title="driver supports torch's CUDA version",
-       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",))
+       stage="inventory", needs=("driver-loaded",), nvml=("compute_capability",),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def cuda_compat(ctx: Context) -> Result:
     """torch.version.cuda against the CUDA version the driver supports (NVML). Newer major:
     FAIL. Same major, newer minor: runs under CUDA minor version compatibility when the driver
@@ -315,7 +322,8 @@ def cuda_compat(ctx: Context) -> Result:
 
 
 @check("torch-arch", code="INV007", title="torch is compiled for every GPU's architecture",
-       stage="inventory", needs=("driver-loaded",), scope="gpus", nvml=("compute_capability",))
+       stage="inventory", needs=("driver-loaded",), scope="gpus", nvml=("compute_capability",),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def torch_arch(ctx: Context) -> Iterator[Result]:
     """Every GPU's compute capability is in torch.cuda.get_arch_list() (sm_XY, or a compute_XY
     PTX target at or below it). Also reports torch's NCCL and cuDNN versions."""

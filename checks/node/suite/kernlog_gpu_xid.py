@@ -15,7 +15,7 @@ from checks.hw.kernel_log import after_resets
 from checks.kernlog import StatusRow, nvstatus_policy, xid_policy
 from checks.model import Device, Result, fail, passed, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.remedies import GPU_LOST
 from checks.node.suite.kernel_errors import BDF, HEX, NEEDS, bounded, find, gpu_device, kernel_log, log_source
 
@@ -221,7 +221,8 @@ def _unclassified(xid: int) -> str:
     return f"XID {xid} is not in NVIDIA's catalog as shipped (checks/kernlog/xid.yaml): a newer driver?"
 
 
-@check("xid-events", code="GPU005", title="no hardware XID events since boot", needs=NEEDS)
+@check("xid-events", code="GPU005", title="no hardware XID events since boot", needs=NEEDS,
+       budget=Budget(value=10, cost=Cost(cpu=1, gpu=2), source="measured cpu"))
 def xid_events(ctx: Context) -> Iterator[Result]:
     """Scans this boot's kernel log for NVRM Xid lines (4- or 5-hex-digit PCI domains, with or
     without the domain, MIG suffixes) and names each GPU by its full PCI address. Each XID is

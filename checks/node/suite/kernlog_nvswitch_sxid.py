@@ -12,7 +12,7 @@ from checks.hw.kernel_log import after_resets
 from checks.kernlog import sxid_policy
 from checks.model import Device, Result, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.kernel_errors import BDF, NEEDS, bounded, find, kernel_log, log_source
 
 # --- nvswitch-sxid --------------------------------------------------------------------------
@@ -63,7 +63,8 @@ REMEDY_SXID_FATAL = ("drain the node: a fatal NVSwitch error needs the GPUs and 
 
 
 @check("nvswitch-sxid", code="GPU013", title="no fatal NVSwitch SXid errors since boot",
-       needs=NEEDS)
+       needs=NEEDS,
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def nvswitch_sxid(ctx: Context) -> Iterator[Result]:
     """Scans this boot's kernel log for NVSwitch SXid lines and names the NVSwitch's PCI address:
     a line printed Fatal fails, and so does any line of a code the Fabric Manager user guide

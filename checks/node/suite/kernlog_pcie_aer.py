@@ -14,7 +14,7 @@ from checks.hw.kernel_log import after_resets
 from checks.kernlog import aer_policy
 from checks.model import Device, Result, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.kernel_errors import (
     BDF,
     HEX,
@@ -176,7 +176,8 @@ REMEDY_AER_CORRECTED = ("reseat the device or its riser/cable; corrected errors 
 
 
 @check("pcie-aer", code="GPU014", title="no uncorrected PCIe AER errors on GPUs since boot",
-       needs=NEEDS)
+       needs=NEEDS,
+       budget=Budget(value=8, cost=Cost(cpu=1, gpu=1), source="measured cpu"))
 def pcie_aer(ctx: Context) -> Iterator[Result]:
     """Scans this boot's kernel log for PCIe AER lines and attributes each to the device named:
     uncorrected errors on a GPU, an NVSwitch or a bridge above them fail, on other devices

@@ -16,7 +16,7 @@ from checks.model import CheckOutcome, Result, Status, fail, passed, skip, warn
 from checks.node import workload_plan as plan
 from checks.node.context import Context, Gpu
 from checks.node.perdevice import each_gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 MIB = 1 << 20
 REMEDY_PROCESS = ("stop the listed processes (nvidia-smi --query-compute-apps=pid,"
@@ -84,7 +84,8 @@ def busy_gate(ctx: Context, outcome: CheckOutcome) -> str | None:
 
 @check("gpu-occupied", code="GPU050", title="no other process holds the GPUs before the jobs",
        needs=("driver-loaded",), gate=busy_gate,
-       scope="gpu", nvml=("memory_total_bytes", "memory_used_bytes", "compute_processes"))
+       scope="gpu", nvml=("memory_total_bytes", "memory_used_bytes", "compute_processes"),
+       budget=Budget(value=9, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def gpu_occupied(ctx: Context) -> Iterator[Result]:
     """Compute processes that are not this tool (nvmlDeviceGetComputeRunningProcesses) fail
     (profile occupancy.process_status); memory in use above occupancy.memory_used_warn_bytes

@@ -17,7 +17,7 @@ from checks.model import Result, fail, passed, skip
 from checks.node import rules, topology
 from checks.node import workload_plan as plan
 from checks.node.context import Context, Gpu
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 REMEDY = ("check nvlink and pcie-link for these GPUs, nvidia-fabricmanager on NVSwitch systems, "
           "and ACS/IOMMU settings that force P2P through the root complex (PCIe hosts)")
@@ -227,7 +227,11 @@ def judge_p2p(m: dict[str, Any], classes: dict[Pair, str],
        level="standard", stage="workload", tags=("collective", "gpu"), timeout_s=900,
        gated_by=("gpu-occupied",),
        nvml=("compute_capability", "pcie_gen_max", "pcie_width_max", "nvlink", "fabric_info",
-             "compute_mode", "nvlink_p2p_peers"))
+             "compute_mode", "nvlink_p2p_peers"),
+       # n x (n-1) pairs of 256 MiB copies; smaller: 64 MiB copies, still past the bandwidth knee
+       budget=Budget(value=6, cost=Cost(cpu=1, gpu=15, per_gpu=4), source="measured cpu",
+                     min_gpus=2, smaller_cost=Cost(cpu=1, gpu=12, per_gpu=1.5),
+                     smaller_profile={"p2p": {"bytes": 67108864}}))
 def p2p_bandwidth(ctx: Context) -> Iterator[Result]:
     """`can_device_access_peer` for every pair and the one-way copy GB/s GPU i -> GPU j, each pair
     classed by its path (NVLink/NVSwitch, one PCIe switch, one socket, across sockets). FAIL

@@ -26,7 +26,7 @@ from checks.model import Device, Result, error, fail, passed, skip
 from checks.node import rules
 from checks.node import workload_plan as plan
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 from checks.node.suite.fabric_links import NO_RDMA, compute_nics, rails_map
 
 BASE_PORT = 18515  # perftest's default port; one more per pair, runs are sequential
@@ -40,7 +40,10 @@ def _line_rate(nic: RdmaDevice) -> float | None:
 @check("rdma-write-bw", code="NET009",
        title="ib_write_bw per GPU-NIC pair at a fraction of the port's line rate",
        level="standard", stage="workload", tags=("fabric", "rdma"), timeout_s=900.0,
-       gated_by=("gpu-occupied",))
+       gated_by=("gpu-occupied",),
+       # ib_write_bw loopback per GPU-NIC pair: -D 5 plus start-up (~2 s) each; a host without GPUs measures
+       # each compute NIC (one assumed), and SKIPs at once without RDMA devices or perftest
+       budget=Budget(value=7, cost=Cost(cpu=8, gpu=2, per_gpu=8), source="estimated"))
 def rdma_write_bw(ctx: Context) -> list[Result]:
     """Loopback ib_write_bw on each GPU's nearest compute NIC (with --use_cuda on GPU hosts;
     every compute NIC with host memory where there are no GPUs). FAIL below

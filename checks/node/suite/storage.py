@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from checks.hw.base import HardwareError, NotSupported
 from checks.model import Result, Status, error, fail, passed, skip, warn
 from checks.node.context import Context
-from checks.node.registry import check
+from checks.node.registry import Budget, Cost, check
 
 GIB = 1 << 30
 NO_PATHS = ("no path to judge: the Python environment is unknown and the profile lists no "
@@ -32,7 +32,8 @@ def _paths(ctx: Context) -> list[tuple[str, str]]:
 
 
 @check("disk-space", code="HOST010", title="free disk space for torch, the venv and checkpoints",
-       stage="host")
+       stage="host",
+       budget=Budget(value=7, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def disk_space(ctx: Context) -> Iterator[Result]:
     """Free space (statvfs f_bavail) of each file system holding the Python environment, torch
     and the profile's storage.paths: below storage.free_fail_bytes FAIL, below
@@ -76,7 +77,8 @@ def disk_space(ctx: Context) -> Iterator[Result]:
             yield passed(shown, value=value, unit="GiB", expected=expected, details=details)
 
 
-@check("swap", code="HOST011", title="swap is off on a training node", stage="host")
+@check("swap", code="HOST011", title="swap is off on a training node", stage="host",
+       budget=Budget(value=4, cost=Cost(cpu=1, gpu=1), source="estimated"))
 def swap(ctx: Context) -> Result:
     """Active swap areas (/proc/swaps) are judged by profile swap.active_status (WARN by
     default); the swap in use is reported."""
