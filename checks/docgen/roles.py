@@ -137,7 +137,9 @@ def _main_tags(role: str, role_dir: Path) -> list[tuple[str, str, str]]:
                 name = entry.get("role") if isinstance(entry, dict) else entry
                 if name == role and isinstance(entry, dict):
                     for tag in _as_list(entry.get("tags")):
-                        rows.append((tag, "the whole role", f"playbooks/{playbook.name}"))
+                        row = (tag, "the whole role", f"playbooks/{playbook.name}")
+                        if row not in rows:  # a role that two plays apply (provision.yml) is one row
+                            rows.append(row)
     return rows + _phase_tags(role_dir / "tasks", "main.yml")
 
 
