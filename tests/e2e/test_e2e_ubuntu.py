@@ -22,9 +22,11 @@ Five hosts, five starting points, one run (then a second that must change nothin
                     installed Canonical's desktop build of 580 for its kernel, as ubuntu-drivers
                     does (nvidia-driver-580-open: its X server, DKMS, gcc and modprobe options):
                     replaced by the server build, the desktop build purged, what only it
-                    needed removed (when -updates lists a driver the pool does not serve, an
-                    image of the release and -security pockets alone, a node that takes
-                    security updates only: Host.fallback);
+                    needed removed. Where the archive lists a 580-server build its pool does not
+                    serve (jammy on 2026-12-06: 580.196.07, 404), its sources also name a site
+                    repository of the newest older build the pool serves (580.178.04,
+                    e2elib.sitedriver), its kernel is one whose modules are built for that build,
+                    and the play must install that build and say why not the newest listed;
   noble-release     a noble HGX H100 node installed from 24.04's release pocket alone, on the
                     branch noble released with (nvidia_driver_branch 535: Canonical's genuine
                     535.161.08 -server, its precompiled open modules for 6.8.0-31, Fabric Manager
@@ -54,11 +56,11 @@ import hashlib
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2elib import aptproxy, aptrepo, rootfs, runner, wheelhouse
+from e2elib import aptproxy, aptrepo, rootfs, runner, sitedriver, wheelhouse
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -79,12 +81,17 @@ class Host:
     # (rootfs.ArchiveGap): a node whose sources name the release and -security pockets alone
     fallback: tuple[str, ...] | None = None
     branch: str = BRANCH  # nvidia_driver_branch (the image's kernel has its precompiled modules)
+    # Where the archive lists a build of the branch its pool does not serve, the node's sources also
+    # name a site repository of the newest older build the pool still serves (e2elib.sitedriver):
+    # the role must install that one (tasks/served.yml), and the image's kernel is one whose
+    # precompiled modules are built for it.
+    site_driver: bool = False
 
 
 HOSTS = {
     "noble-535": Host(rootfs.UBUNTU_2404, "3.12", devices="hgx"),
     "noble-image": Host(rootfs.UBUNTU_2404, "3.12", devices="l40s"),
-    "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s", fallback=rootfs.SECURITY_POCKETS),
+    "jammy-image": Host(rootfs.UBUNTU_2204, "3.10", devices="l40s", site_driver=True),
     "noble-release": Host(
         rootfs.UBUNTU_2404, "3.12", devices="hgx", pockets=rootfs.RELEASE_POCKET_ONLY, branch="535"
     ),
@@ -144,13 +151,27 @@ def autoremovable(root: Path) -> set[str]:
     return set(re.findall(r"^Remv (\S+)", simulated, re.M))
 
 
-def start_on_the_desktop_build(root: Path, kernel: str) -> list[str]:
+# The build the site repository serves, preferred while the starting point is installed (the
+# archive's newest is listed, not served).
+SITE_PIN = """\
+# nodecert e2e starting point: the desktop build from the site repository.
+Package: *
+Pin: origin 127.0.0.1
+Pin-Priority: 1001
+"""
+
+
+def start_on_the_desktop_build(root: Path, kernel: str, from_site: bool = False) -> list[str]:
     """Canonical's desktop driver installed on the image (DESKTOP_PACKAGES); returns the packages
     that install brought, so the test can tell what the move must take away with it."""
     before = set(installed_packages(root))
+    pin = root / "etc/apt/preferences.d/nodecert-e2e-site"
+    if from_site:
+        pin.write_text(SITE_PIN)
     apt_in(root, "apt-get", "update", "-q")
     apt_in(root, "apt-get", "install", "-y", "-q", "--no-install-recommends",
            *(name.format(kernel=kernel) for name in DESKTOP_PACKAGES))
+    pin.unlink(missing_ok=True)
     assert (root / KMS_CONF).exists(), "Canonical's desktop build ships its modprobe options"
     return sorted(set(installed_packages(root)) - before)
 
@@ -193,6 +214,9 @@ class Ubuntu:
     second: runner.Result | None  # every task (-e nodecert_full_run=true)
     fast: runner.Result | None  # the fast path of converged nodes
     desktop: list[str]  # what installing the desktop build brought onto jammy-image
+    # host -> the site repository its sources name (Host.site_driver, where the archive lists a
+    # build its pool does not serve)
+    site: dict[str, sitedriver.SiteDriver] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
@@ -209,16 +233,45 @@ def proxy():
     running.stop()
 
 
-def ubuntu_image(host: Host, proxy: aptproxy.CachingProxy) -> tuple[Path, str]:
+def ubuntu_image(host: Host, proxy: aptproxy.CachingProxy, driver: str = "") -> tuple[Path, str]:
     """The host's image and '', or its fallback's and why (rootfs.ubuntu_image_or_fallback)."""
     return rootfs.ubuntu_image_or_fallback(
-        host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets, host.fallback, host.branch
+        host.release, CACHE, proxy.url, proxy.apt_config(), host.pockets, host.fallback, host.branch, driver
     )
 
 
+def image_with_site(
+    name: str, host: Host, proxy: aptproxy.CachingProxy, site_repos: dict, workdir: Path
+) -> tuple[Path, str, sitedriver.SiteDriver | None]:
+    """ubuntu_image, and for a Host.site_driver host whose archive lists a build its pool does not
+    serve, the site repository of the newest older build it serves (served under site_repos[name],
+    add it to the root with sitedriver.add_to_root) and an image whose kernel has modules for it."""
+    found = host.site_driver and sitedriver.find(
+        host.release.mirror, host.release.suite, host.pockets, proxy.url, host.branch
+    )
+    if found and name not in site_repos:
+        site_repos[name] = sitedriver.build_and_serve(
+            found, host.release.mirror, proxy.url, CACHE / f"site-driver-{host.release.name}", workdir / name
+        )
+    tarball, note = ubuntu_image(host, proxy, upstream(found.version) if found else "")
+    return tarball, note, found or None
+
+
 @pytest.fixture(scope="module")
-def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home) -> Ubuntu:
+def site_repos():
+    """name -> the site repository served for that host (stopped with the module)."""
+    served: dict[str, sitedriver.Served] = {}
+    yield served
+    for repo in served.values():
+        repo.stop()
+
+
+@pytest.fixture(scope="module")
+def ubuntu(
+    e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home, site_repos
+) -> Ubuntu:
     roots: dict[str, Path] = {}
+    site: dict[str, sitedriver.SiteDriver] = {}
     skipped: dict[str, str] = {}
     kernels: dict[str, str] = {}
     pockets: dict[str, str] = {}
@@ -232,13 +285,17 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
             skipped[name] = f"no Ubuntu archive: {reason}"
             continue
         try:
-            tarball, pockets[name] = ubuntu_image(host, proxy)
+            tarball, pockets[name], found = image_with_site(name, host, proxy, site_repos, workdir)
+            if found:
+                site[name] = found
         except rootfs.ArchiveGap as gap:
             skipped[name] = f"no Ubuntu image with precompiled modules today: {gap}"
             continue
         wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, True)
         root = rootfs.unpack(tarball, workdir / "hosts" / name)
         rootfs.use_proxy(root, proxy.apt_config())
+        if name in site_repos:
+            sitedriver.add_to_root(root, site_repos[name])
         wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
         if host.devices == "hgx":
             runner.hgx_h100(root)
@@ -252,11 +309,16 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
     if "noble-image" in roots:
         start_as_vendor_image(roots["noble-image"], nvidia_repo, workdir)
     desktop: list[str] = []
-    if "jammy-image" in roots:
+    # Not on the site repository's build: apt's resolver cannot plan the desktop -> server move there
+    # ("pkgProblemResolver::Resolve generated breaks": nvidia-kernel-source-580-open and
+    # -580-server-open both conflict with nvidia-kernel-source), with or without the role's pin.
+    if "jammy-image" in roots and "jammy-image" not in site_repos:
         desktop = start_on_the_desktop_build(roots["jammy-image"], kernels["jammy-image"])
+    elif "jammy-image" in roots:
+        apt_in(roots["jammy-image"], "apt-get", "update", "-q")  # the site repository's lists
     inventory = workdir / "ubuntu.yml"
     if not roots:
-        return Ubuntu(roots, skipped, kernels, inventory, None, None, None, desktop)
+        return Ubuntu(roots, skipped, kernels, inventory, None, None, None, desktop, site)
     group_vars = {
         **base_vars,
         "cuda_toolkit_repo_url": nvidia_repo.url,
@@ -281,8 +343,10 @@ def ubuntu(e2e_ready, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, an
         + (f", second run {second.seconds:.0f}s (every task)" if second else "")
         + (f", third run {fast.seconds:.1f}s (fast path)" if fast else "")
         + "".join(f"\n  {name}: {note}" for name, note in sorted(pockets.items()) if note)
+        + "".join(f"\n  {name}: the archive lists {s.newest} but serves no file of it ({s.unserved}); "
+                  f"the site repository serves {s.version}" for name, s in sorted(site.items()))
     )
-    return Ubuntu(roots, skipped, kernels, inventory, first, second, fast, desktop)
+    return Ubuntu(roots, skipped, kernels, inventory, first, second, fast, desktop, site)
 
 
 @pytest.fixture(params=sorted(HOSTS))
@@ -411,6 +475,8 @@ def test_the_desktop_build_was_replaced_with_what_it_brought(ubuntu):
     only it needed (X server, Mesa, DKMS) is gone, and apt has nothing of it left to autoremove."""
     if "jammy-image" in ubuntu.skipped:
         pytest.skip(ubuntu.skipped["jammy-image"])
+    if "jammy-image" in ubuntu.site:
+        pytest.skip("jammy-image starts without the desktop build where it takes the site repository's build")
     root = ubuntu.roots["jammy-image"]
     assert ubuntu.first is not None and ubuntu.first.rc == 0, ubuntu.first
     brought = set(ubuntu.desktop)
@@ -430,6 +496,59 @@ def test_the_desktop_build_was_replaced_with_what_it_brought(ubuntu):
     # counts suggested and recommended packages as needed (APT::AutoRemove::SuggestsImportant).
     assert not autoremovable(root) & brought, sorted(autoremovable(root) & brought)
     assert "packages that only the replaced driver needed" in ubuntu.first.output
+
+
+def test_the_newest_served_build_is_installed_where_the_newest_listed_is_not(ubuntu):
+    """jammy-image's sources list the archive's newest build of the branch, whose files the pool
+    does not serve (404 on 2026-12-06: 580.196.07), and the site repository's older build: the
+    play installs the older one, the whole branch at that version with the precompiled modules
+    built for it, says so in one line naming the file not served, and leaves no pin behind; the
+    rerun (every task) keeps it and says nothing more. Before tasks/served.yml the play stopped in
+    its checks, naming the file."""
+    if "jammy-image" in ubuntu.skipped:
+        pytest.skip(ubuntu.skipped["jammy-image"])
+    if "jammy-image" not in ubuntu.site:
+        pytest.skip("the archive serves its newest 580-server build for jammy today: no gap to prove")
+    root, site = ubuntu.roots["jammy-image"], ubuntu.site["jammy-image"]
+    assert ubuntu.first is not None and ubuntu.first.rc == 0, ubuntu.first
+    listed = apt_in(root, "apt-cache", "madison", f"nvidia-utils-{BRANCH}-server").stdout
+    assert site.newest in listed and site.version in listed, listed
+    for package in (f"nvidia-utils-{BRANCH}-server", f"libnvidia-compute-{BRANCH}-server",
+                    f"nvidia-kernel-common-{BRANCH}-server", f"nvidia-headless-no-dkms-{BRANCH}-server-open",
+                    f"nvidia-compute-utils-{BRANCH}-server"):
+        assert runner.package_version(root, package) == site.version, package
+    modules = f"linux-modules-nvidia-{BRANCH}-server-open-{ubuntu.kernels['jammy-image']}"
+    assert runner.selections(root).get(modules) == "hold", modules
+    said = [line for line in ubuntu.first.output.splitlines() if "the newest version of branch" in line]
+    assert len(said) == 1 and upstream(site.version) in said[0] and upstream(site.newest) in said[0], said
+    # the first file apt could not fetch (on 2026-12-06 nvidia-firmware-580-server-580.196.07), as apt said
+    assert re.search(rf"/pool/restricted/\S+_{re.escape(site.newest)}_\w+\.deb \(404 ", said[0]), said
+    assert ubuntu.second is not None and "the newest version of branch" not in ubuntu.second.output
+    assert not [p.name for p in (root / "etc/apt/preferences.d").iterdir() if "nodecert" in p.name]
+    assert not list((root / "var/cache/apt").glob("nodecert-fetch.*"))
+
+
+# Releases the playbooks provision (roles/preflight/defaults/main.yml) and the hosts that prove each.
+SUPPORTED = __import__("yaml").safe_load(
+    (REPO / "playbooks/roles/preflight/defaults/main.yml").read_text()
+)["preflight_supported_distributions"]["Ubuntu"]
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_supported_release_is_proven(ubuntu, version):
+    """A supported release none of whose hosts could run fails here, naming it and why, instead of
+    leaving only skipped tests behind. Skipped (the reason then heads pytest's summary, -ra) only
+    where the archive does not answer at all or the hosts were left out on purpose."""
+    name = f"ubuntu{version.replace('.', '')}"
+    hosts = sorted(h for h, host in HOSTS.items() if host.release.name == name)
+    assert hosts, f"no e2e host for Ubuntu {version}: add one to HOSTS"
+    ran = [h for h in hosts if h not in ubuntu.skipped]
+    why = {h: ubuntu.skipped[h] for h in hosts if h in ubuntu.skipped}
+    on_purpose = ("no Ubuntu archive:", "not in NODECERT_E2E_UBUNTU_HOSTS")
+    if not ran and all(reason.startswith(on_purpose) for reason in why.values()):
+        pytest.skip(f"Ubuntu {version} NOT PROVEN: {why}")
+    assert ran, f"Ubuntu {version} is supported but none of its e2e hosts could run: {why}"
+    assert ubuntu.first is not None and all(ubuntu.first.recap[h]["failed"] == 0 for h in ran), ubuntu.first
 
 
 def test_branch_535_was_replaced(ubuntu):
@@ -567,7 +686,7 @@ def test_a_release_out_of_standard_support_is_refused_before_any_change(
 
 @pytest.mark.parametrize("name", ["noble-image", "jammy-image", "noble-release", "resolute-release"])
 def test_check_mode_on_a_fresh_node_changes_nothing(
-    name, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home
+    name, workdir, base_vars, nvidia_repo, proxy, chroot_wrapper, ansible_home, site_repos
 ):
     """`make provision CHECK=1`, the documented first step, on a fresh HGX image of each release:
     it passes (noble's own libnccl2 2.18.5 in multiverse is no reason to stop) and leaves the root
@@ -580,13 +699,16 @@ def test_check_mode_on_a_fresh_node_changes_nothing(
     if reason:
         pytest.skip(f"no Ubuntu archive: {reason}")
     try:
-        image, note = ubuntu_image(host, proxy)
+        image, note, _ = image_with_site(name, host, proxy, site_repos, workdir)
         if note:
             print(f"\n{name}: {note}")
     except rootfs.ArchiveGap as gap:
         pytest.skip(f"no Ubuntu image with precompiled modules today: {gap}")
     root = rootfs.unpack(image, workdir / "hosts" / f"{name}-check")
     rootfs.use_proxy(root, proxy.apt_config())
+    if name in site_repos:
+        sitedriver.add_to_root(root, site_repos[name])
+        apt_in(root, "apt-get", "update", "-q")  # a node in service has read its sources
     wheels = wheelhouse.cached_standin_wheelhouse(REPO, CACHE, host.python, True)
     wheelhouse.link_into(wheels, root, WHEELHOUSE_IN_HOST)
     runner.hgx_h100(root)

@@ -472,6 +472,7 @@ PRECOMPILED = f"linux-modules-nvidia-580-server-open-{KERNEL}"
 
 def early_source(stdout: str, **settings) -> str:
     tasks = __import__("yaml").safe_load((roletemplate.ROLES / "nvidia_driver/tasks/source.yml").read_text())
+    tasks = [t for task in tasks for t in [task, *task.get("block", [])]]  # source.yml's block too
     (task,) = [t for t in tasks if t.get("name") == "Decide early where the kernel modules come from"]
     expression = (
         task["ansible.builtin.set_fact"]["_nvidia_driver_early_source"]

@@ -255,11 +255,14 @@ def kernel_flavours(release: Release) -> list[tuple[str, str]]:
     return [("virtual", "generic"), (f"virtual-hwe-{version}", f"generic-hwe-{version}")]
 
 
-def _pick_kernel(work: Path, release: Release, branch: str = BRANCH) -> tuple[list[str], dict[str, str]]:
+def _pick_kernel(
+    work: Path, release: Release, branch: str = BRANCH, driver: str = ""
+) -> tuple[list[str], dict[str, str]]:
     """The packages that give the image its kernel, and the note: the kernel meta package of the
     first flavour (kernel_flavours) whose kernel's NVIDIA modules (of this branch) and their meta
     package the mirror serves, else the newest -generic kernel whose modules it serves for the
-    archive's current driver (no meta package)."""
+    archive's current driver, or for `driver` (an upstream version the node's sources serve where
+    the archive's newest is not: sitedriver), with no meta package."""
     modules = modules_for(branch)
     missing = ""
     for kernel_meta, modules_flavour in kernel_flavours(release):
@@ -279,9 +282,9 @@ def _pick_kernel(work: Path, release: Release, branch: str = BRANCH) -> tuple[li
         missing = missing or reason  # the GA flavour's reason is the one worth saying
     common = _chroot(work, "apt-cache", "policy", f"nvidia-kernel-common-{branch}-server").stdout
     offered = re.search(r"Candidate: ([0-9.]+)-", common)
-    if offered is None:
+    if offered is None and not driver:
         raise ArchiveGap(f"the archive offers no nvidia-kernel-common-{branch}-server ({missing})")
-    driver = offered.group(1)
+    driver = driver or offered.group(1)
     names = _chroot(work, "apt-cache", "pkgnames", f"{modules}-").stdout.split()
     kernels = [
         n.removeprefix(f"{modules}-") for n in names if re.fullmatch(rf"{modules}-\d\S*-generic", n)
@@ -341,11 +344,13 @@ def cached_ubuntu_image(
     apt_config: str,
     pockets: tuple[str, ...] = ALL_POCKETS,
     branch: str = BRANCH,
+    driver: str = "",
 ) -> Path:
     """A tarball of an Ubuntu root that looks like a fresh cloud image (sources and a kernel with
     precompiled modules of the branch, see _pick_kernel), built from the debootstrap root, keyed by
-    the archive's current kernel."""
-    missing = unserved_driver(release, proxy_url, pockets, branch)
+    the archive's current kernel. driver: the upstream version of the branch the node's sources
+    serve where the archive's newest is not (the kernel is one whose modules are built for it)."""
+    missing = "" if driver else unserved_driver(release, proxy_url, pockets, branch)
     if missing:
         raise ArchiveGap(
             f"the archive lists a driver its pool does not serve ({missing}): no kernel's "
@@ -356,6 +361,7 @@ def cached_ubuntu_image(
     meta_version = newest_kernel_meta(release, proxy_url, newest_pocket)
     parts = [UBUNTU_IMAGE_RECIPE, base.name, meta_version, *(() if pockets == ALL_POCKETS else pockets)]
     parts += [] if branch == BRANCH else [f"branch {branch}"]
+    parts += [f"driver {driver}"] if driver else []
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     tarball = cache_dir / f"image-{release.name}-{key}.tar"
     with open(cache_dir / f".{tarball.name}.lock", "w") as lock:
@@ -373,7 +379,7 @@ def cached_ubuntu_image(
         # Current, as a freshly published cloud image is (debootstrap took the release pocket).
         _chroot(work, "apt-get", "upgrade", "-y", "-q", "--no-install-recommends")
         try:
-            packages, note = _pick_kernel(work, release, branch)
+            packages, note = _pick_kernel(work, release, branch, driver)
         except ArchiveGap as gap:
             _GAPS[tarball.name] = str(gap)
             remove_root(work)
@@ -401,16 +407,17 @@ def ubuntu_image_or_fallback(
     pockets: tuple[str, ...],
     fallback: tuple[str, ...] | None,
     branch: str = BRANCH,
+    driver: str = "",
 ) -> tuple[Path, str]:
     """(cached_ubuntu_image of these pockets, '') -- or, when they list a driver the pool does not
     serve and there is a fallback, the image of the fallback pockets and a note saying why.
     ArchiveGap when neither can be built."""
     try:
-        return cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, pockets, branch), ""
+        return cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, pockets, branch, driver), ""
     except ArchiveGap as gap:
         if fallback is None:
             raise
-        tarball = cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, fallback, branch)
+        tarball = cached_ubuntu_image(release, cache_dir, proxy_url, apt_config, fallback, branch, driver)
         suites = " ".join(f"{release.suite}{pocket}" for pocket in fallback)
         return tarball, f"built from {suites} alone: {gap}"
 
