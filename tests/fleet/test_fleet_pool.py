@@ -102,11 +102,14 @@ def test_a_pool_keeps_its_processes_for_later_maps() -> None:
     """The fleet CLI reads and then builds the JUnit suites with the processes forked for the
     reading (while the controller was small), not with copies of the grown controller."""
     with pool.Pool(2) as workers:
-        first = set(workers.map(_pid, range(16), 1))
+        # both forked as the block starts; a map may find one of them faster than the other
+        forked = {child.pid for child in multiprocessing.active_children()}
+        first = set(workers.map(_slow_pid, range(16), 1))
         big = bytearray(64 << 20)  # the controller grows
-        later = set(workers.map(_pid, range(16), 1))
+        later = set(workers.map(_slow_pid, range(16), 1))
         del big
-    assert first and later <= first and os.getpid() not in first
+    assert len(forked) == 2 and os.getpid() not in forked
+    assert first and later and first | later <= forked  # no process forked after the block began
     with pool.Pool(1) as inline:
         assert set(inline.map(_pid, range(4))) == {os.getpid()}
 
