@@ -49,21 +49,14 @@ NEWER_ONLY = aptrepo.Package(
 
 
 # The branch the admin moves driver-moved to by hand (resolute-updates carries 595-server).
-# Modelled: the utils packages conflict (Canonical's through the virtual nvidia-utils both provide,
-# here by name: both ship nvidia-smi); the 595 stand-in's compute-utils ships no files, so the
-# rest of the two branches could stay side by side, and only the role's purge removes them.
+# Modelled as aptrepo.other_branch_user_space has it: the two branches' utils conflict, the rest
+# could stay side by side and only the role's purge removes them.
 OTHER_BRANCH, OTHER_VERSION = "595", "595.71.05"
 
 
 def other_branch() -> list[aptrepo.Package]:
-    packages = aptrepo.canonical_user_space(OTHER_BRANCH, OTHER_VERSION)
-    for package in packages:
-        if package.name == f"nvidia-utils-{OTHER_BRANCH}-server":
-            replaced = f"nvidia-utils-{BRANCH}-server"
-            package.control.update({"Conflicts": replaced, "Replaces": replaced})
-        if package.name == f"nvidia-compute-utils-{OTHER_BRANCH}-server":
-            package.files.clear()
-    return [*packages, aptrepo.precompiled_modules(OTHER_BRANCH, KERNELS["driver-moved"], OTHER_VERSION)]
+    return [*aptrepo.other_branch_user_space(OTHER_BRANCH, OTHER_VERSION, BRANCH),
+            aptrepo.precompiled_modules(OTHER_BRANCH, KERNELS["driver-moved"], OTHER_VERSION)]
 
 
 OTHER_USER_SPACE = tuple(p.name for p in other_branch()[:-1])

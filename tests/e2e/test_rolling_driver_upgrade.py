@@ -132,16 +132,8 @@ def connection_plugin() -> str:
 
 
 def old_branch() -> list[aptrepo.Package]:
-    """Canonical's 570 user space, shaped as driver_moved's other branch: its utils conflict with
-    580's (both ship nvidia-smi), its compute-utils ship no files."""
-    packages = aptrepo.canonical_user_space(OLD_BRANCH, OLD_VERSION)
-    for package in packages:
-        if package.name == f"nvidia-utils-{OLD_BRANCH}-server":
-            replaced = f"nvidia-utils-{BRANCH}-server"
-            package.control.update({"Conflicts": replaced, "Replaces": replaced})
-        if package.name == f"nvidia-compute-utils-{OLD_BRANCH}-server":
-            package.files.clear()
-    return packages
+    """Canonical's 570 user space, shaped as driver_moved's other branch."""
+    return aptrepo.other_branch_user_space(OLD_BRANCH, OLD_VERSION, BRANCH)
 
 
 def utils_installed(root: Path) -> dict[str, str]:

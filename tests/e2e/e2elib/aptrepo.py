@@ -355,6 +355,21 @@ def canonical_user_space(branch: str, version: str, suffix: str = "-open") -> li
     ]
 
 
+def other_branch_user_space(branch: str, version: str, installed_branch: str) -> list[Package]:
+    """canonical_user_space of another branch as it meets installed_branch's on one node: the
+    utils packages conflict (Canonical's through the virtual nvidia-utils both provide, here by
+    name: both ship nvidia-smi) and its compute-utils ships no files, so the rest of the two
+    branches could stay side by side and only the role's purge removes them."""
+    packages = canonical_user_space(branch, version)
+    for package in packages:
+        if package.name == f"nvidia-utils-{branch}-server":
+            replaced = f"nvidia-utils-{installed_branch}-server"
+            package.control.update({"Conflicts": replaced, "Replaces": replaced})
+        if package.name == f"nvidia-compute-utils-{branch}-server":
+            package.files.clear()
+    return packages
+
+
 def precompiled_modules(branch: str, kernel: str, built_for: str, suffix: str = "-open") -> Package:
     """Canonical's linux-modules-nvidia-<branch>-server[-open]-<kernel>, pinned to the driver it
     was built for as MODULES_GAP_KERNEL's are, with its nvidia.ko."""
