@@ -102,6 +102,17 @@ RTX_PRO_6000 = profiles.Profile("rtx-pro-6000", {
     "blackwell": {"platform": "pcie", "open_module_required": True}})
 
 
+def test_the_new_model_the_tests_add_is_not_shipped_yet() -> None:
+    """The two tests below add RTX_PRO_6000 as a model no profile describes: once a profile
+    ships for that card, they would test nothing new (or collide on its device ID)."""
+    shipped = {name: p for name in profiles.available() if (p := profiles.load(name))}
+    taken = [name for name, p in shipped.items()
+             if 0x2BB5 in p.get("match.pci_device_ids", []) or p.name == RTX_PRO_6000.name]
+    assert not taken, (f"checks/profiles/{taken[0]}.yaml now ships the card RTX_PRO_6000 stands for "
+                       "in tests/framework/test_docgen.py: give the fixture another card that no "
+                       "profile describes yet (its PCI ID and NVML name, with their source)")
+
+
 def test_a_new_gpu_model_makes_every_model_list_stale(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     real = list(gpu_models._models())
