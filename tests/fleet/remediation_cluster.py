@@ -139,17 +139,16 @@ class Node:
         return len(self.reboot_times())
 
     def sinfo(self) -> tuple[str, str]:
-        """State and reason. The state keeps Slurm's flags (`@` reboot pending, `^` rebooting)
-        but not `*` (not responding): slurmctld marks a node it has not pinged since its slurmd
-        restarted (a reboot), for a second or two, longer under load ("drained*")."""
         out = self.cluster.run("sinfo", "-h", "-N", "-n", self.name, "-o", "%T|%E").strip()
         state, _, reason = out.partition("|")
-        return state.replace("*", ""), "" if reason == "none" else reason
+        return state, "" if reason == "none" else reason
+
 
     def in_service(self) -> bool:
-        """IDLE with no reason."""
+        """IDLE with no reason; `*` (not responding) allowed: slurmctld marks a node it has not
+        pinged since its slurmd restarted (a reboot) for a second or two."""
         state, reason = self.sinfo()
-        return state == "idle" and not reason
+        return state.rstrip("*") == "idle" and not reason
 
 
 class Sampler:

@@ -19,6 +19,10 @@ from checks.hw.base import NvmlUnavailable
 from checks.node import gpu_proof, proof_peak
 from checks.supervise import procs
 
+# --import-mode=importlib puts no test directory on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_env import user_env
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = "h100-sxm-8x-healthy"
 
@@ -49,9 +53,11 @@ def test_an_unknown_scenario_is_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this host has an NVIDIA GPU")
 def test_make_gpu_proof_on_this_host_exits_2_in_one_line():
-    # VENV given as a path: the Makefile then installs nothing (the venv may be shared).
+    # VENV given as a path: the Makefile then installs nothing (the venv may be shared). As a
+    # user's shell runs it: nothing an enclosing `make test` exported (ARGS="--junitxml ..." went
+    # to gpu-proof's own command line).
     r = subprocess.run(["make", "-s", "--no-print-directory", "gpu-proof", f"VENV={Path(sys.prefix)}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=user_env())
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("make")]
     assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU on this host"), r.stderr

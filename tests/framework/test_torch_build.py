@@ -11,7 +11,6 @@ installed for real, from what this machine's pip finds.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,10 @@ from pathlib import Path
 import pytest
 
 from checks.devtools import torchbuild
+
+# --import-mode=importlib puts no test directory on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_env import user_env
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = "https://download.pytorch.org/whl"
@@ -48,8 +51,7 @@ class Host:
             smi.chmod(0o755)
         # As a user's shell has it: not what an enclosing `make test` exported to its recipes
         # (VENV among them, which would make VENV's origin "environment": not the default).
-        env = {k: v for k, v in os.environ.items() if k not in MAKE_ENV}
-        return {**env, "NODECERT_SYSFS": str(sysfs), "NODECERT_NVIDIA_SMI": str(smi),
+        return {**user_env(), "NODECERT_SYSFS": str(sysfs), "NODECERT_NVIDIA_SMI": str(smi),
                 "NODECERT_MACHINE": self.machine, "PROVISIONED_VENV": str(tmp / "no-provisioned-venv")}
 
 
@@ -87,11 +89,6 @@ REFUSED = {
     "580-volta-on-aarch64": (Host("580.95.05", gpus("580.95.05", "7.0", 1), machine="aarch64"),
                              ["no Volta kernels on aarch64"]),
 }
-
-
-# make's own variables and what the Makefile exports to its recipes
-MAKE_ENV = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "INVENTORY", "LEVEL", "ARGS", "CHECK", "VENV",
-            "TEST_JOBS", "PYTHON", "TORCH_PIN")
 
 
 def make(where: Path, *args: str, env: dict[str, str],
