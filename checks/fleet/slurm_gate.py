@@ -110,17 +110,24 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
             progress.unlink()  # an earlier run's check is not this run's
         cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
         env = {**os.environ, procs.ENV_PROGRESS: str(progress)}
-        # its own session, killed by the kernel when this wrapper dies (PR_SET_PDEATHSIG)
-        proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           env=env)
-        previous = signal.getsignal(signal.SIGTERM)
+        started: list[subprocess.Popen[str]] = []
 
         def on_term(signum: int, frame: object) -> None:
-            _kill_group(proc.pid)
+            for child in started:
+                _kill_group(child.pid)
             raise Terminated(f"{RUN_ID} killed by signal {signum} before it finished")
 
-        signal.signal(signal.SIGTERM, on_term)
+        # Set before the checks start, and SIGTERM held back until their pid is known: a SIGTERM
+        # once they exist is always this wrapper's, which kills their group and drains.
+        previous = signal.signal(signal.SIGTERM, on_term)
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:  # its own session, killed by the kernel when this wrapper dies (PDEATHSIG)
+                proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True, env=env)
+                started.append(proc)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
@@ -135,7 +142,8 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
                                  "killed)"), None
         finally:
             signal.signal(signal.SIGTERM, previous)
-            _kill_group(proc.pid)  # anything the checks left in their group
+            for child in started:
+                _kill_group(child.pid)  # anything the checks left in their group
         if proc.returncode == 2:
             raise UsageError(f"python -m checks: {one_line(stderr) or 'bad usage'}")
         item = load.read(path) if path.exists() else None

@@ -85,7 +85,7 @@ def test_b_a_fault_that_survives_every_reboot_escalates_to_rma_after_n_reboots(n
         time.sleep(1)
     assert node.reboots() == 2
     assert "idle" not in sampler.states(node.name), sampler.seen
-    assert node.sinfo() == ("drained", reason)
+    assert node.judged() == ("drained", reason)
     head, _, path = reason.partition(" bundle ")
     assert head == f"NODECERT: RMA GPU005 {SERIAL4}"
     with tarfile.open(path) as tar:
@@ -106,7 +106,7 @@ def test_d_an_administrators_drain_and_reboot_are_left_alone(nodes) -> None:
                      "Reason=disk replaced, ops ticket 42")
     out = node.remediate().stdout
     assert "nothing to do" in out and "ran:" not in out
-    assert node.sinfo() == ("drained", "disk replaced, ops ticket 42")
+    assert node.judged() == ("drained", "disk replaced, ops ticket 42")
     node.cluster.run("scontrol", "update", f"NodeName={node.name}", "State=RESUME")
     node.cluster.run("scontrol", "reboot", "ASAP", "reason=kernel update", node.name)
     out = node.remediate().stdout
@@ -124,8 +124,8 @@ def test_d_an_administrators_drain_and_reboot_are_left_alone(nodes) -> None:
                      "Reason=ops: keep for the vendor")
     out = node.remediate().stdout
     assert "release (ok): detected -> released" in out
-    assert node.sinfo() == ("drained", "ops: keep for the vendor")
-    assert node.remediate().returncode == 0 and node.sinfo() == ("drained", "ops: keep for the vendor")
+    assert node.judged() == ("drained", "ops: keep for the vendor")
+    assert node.remediate().returncode == 0 and node.judged() == ("drained", "ops: keep for the vendor")
     prom = (node.textfiles / "nodecert-remediation.prom").read_text()
     assert f'nodecert_remediation_breaker_open{{host="{node.name}"}} 1' in prom
     assert node.remediate("--reset-breaker").returncode == 0
@@ -150,7 +150,7 @@ def test_c_a_node_running_a_job_is_rebooted_only_after_the_job_and_a_passing_che
     node.on_reboot("h100-sxm-8x-healthy")
     out = node.remediate().stdout
     assert "reboot (ok): detected -> rebooting: issued while jobs run" in out, out
-    state, reason = node.sinfo()
+    state, reason = node.judged()
     assert "@" in state and reason.startswith("NODECERT: REBOOT GPU005 1/2"), (state, reason)
     # the fault clears before the reboot: the health check passes, and a timer run comes
     node.use("h100-sxm-8x-healthy")
@@ -158,7 +158,7 @@ def test_c_a_node_running_a_job_is_rebooted_only_after_the_job_and_a_passing_che
     out = node.remediate().stdout
     assert "wait (reboot)" in out and "ran:" not in out, out
     assert _job_state(node, job) == "RUNNING"
-    assert node.sinfo() == (state, reason) and node.reboots() == 0  # pending, not cancelled
+    assert node.judged() == (state, reason) and node.reboots() == 0  # pending, not cancelled
     ended = time.time()
     done.touch()
     node.cluster.wait_for(lambda: _job_state(node, job) == "", 30, "the job to end")

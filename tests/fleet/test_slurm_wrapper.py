@@ -165,6 +165,44 @@ def test_a_check_run_the_kill_cannot_end_is_judged_without_being_reaped(tmp_path
     os.waitpid(pid, 0)
 
 
+def test_a_sigterm_while_the_checks_start_kills_them_and_is_the_wrappers(tmp_path, monkeypatch) -> None:
+    """slurmd's SIGTERM can come while the checks are being started (they exist, their pid is
+    not yet known): it is held back until it is, then kills their group and ends the run as
+    Terminated (the drain says so), instead of killing the wrapper with the checks left to run.
+    The checks start with no signal blocked."""
+    import os
+    import signal
+
+    from checks.fleet import slurm_gate
+    from checks.supervise import procs
+
+    sleeper = tmp_path / "python"
+    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
+    sleeper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(sleeper))
+    seen: dict[str, object] = {}
+    real_start = procs.start
+
+    def start_then_sigterm(*args, **kwargs):
+        proc = real_start(*args, **kwargs)
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        seen["pid"], seen["blocked"] = proc.pid, status.split("SigBlk:")[1].split()[0]
+        os.kill(os.getpid(), signal.SIGTERM)  # before start returns to the wrapper
+        return proc
+
+    monkeypatch.setattr(procs, "start", start_then_sigterm)
+    with pytest.raises(slurm_gate.Terminated, match="killed by signal 15 before it finished"):
+        slurm_gate.run_checks("quick", [], timeout_s=30.0)
+    assert int(str(seen["blocked"]), 16) == 0, seen
+    stat = Path(f"/proc/{seen['pid']}/stat")
+    for _ in range(50):  # killed with its group (a zombie until reaped)
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the checks ({seen['pid']}) still run after the SIGTERM")
+
+
 def test_a_hung_run_names_the_check_it_hung_in(tmp_path, monkeypatch) -> None:
     """The run writes the id of each check it starts into NODECERT_PROGRESS's file; at the
     deadline the verdict (so the drain reason) names it. The stand-in interpreter does what the
