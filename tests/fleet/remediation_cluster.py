@@ -27,9 +27,13 @@ NODES = ("rm1", "rm2", "rm3")
 SCENARIOS = Path(slurm.__file__).resolve().parents[1] / "scenarios"
 SERIAL4 = "1650123000004"  # GPU 4 of h100-sxm-8x-healthy, which fault-xid-79 names
 POWER = """#!/bin/sh
-# the node's power: slurmd again after every reboot, reporting itself just booted (-b)
+# the node's power: slurmd again after every reboot, reporting itself just booted (-b). The boot
+# takes 2 s: slurmctld keeps a node in REBOOT_ISSUED while its boot time (now less the uptime
+# slurmd reports, whole seconds) is older than the reboot's issue time, and a restart within
+# the same second as the issue (a loaded host) was never seen as the reboot: the node stayed
+# "reboot^" until ResumeTimeout.
 flag=
-while :; do slurmd -D -f "$1" $flag; flag=-b; sleep 0.2; done
+while :; do slurmd -D -f "$1" $flag; flag=-b; sleep 2; done
 """
 REBOOT = """#!/bin/sh
 # RebootProgram: record the call, run the node's hook (a repair), stop slurmd (the power loop
