@@ -111,23 +111,27 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
         cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
         env = {**os.environ, procs.ENV_PROGRESS: str(progress)}
         started: list[subprocess.Popen[str]] = []
+        pending: list[int] = []
 
         def on_term(signum: int, frame: object) -> None:
+            if not started:  # the checks are being started: their group is killed once known
+                pending.append(signum)
+                return
             for child in started:
                 _kill_group(child.pid)
             raise Terminated(f"{RUN_ID} killed by signal {signum} before it finished")
 
-        # Set before the checks start, and SIGTERM held back until their pid is known: a SIGTERM
-        # once they exist is always this wrapper's, which kills their group and drains.
+        # Set before the checks start: a SIGTERM at any moment once they exist is this wrapper's,
+        # which kills their group and drains (a signal mask would not do: it is per thread, and
+        # the kernel may hand the signal to any thread that does not block it).
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            try:  # its own session, killed by the kernel when this wrapper dies (PDEATHSIG)
-                proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True, env=env)
-                started.append(proc)
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            # its own session, killed by the kernel when this wrapper dies (PR_SET_PDEATHSIG)
+            proc = procs.start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=env)
+            started.append(proc)
+            if pending:
+                on_term(pending[0], None)
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)

@@ -147,7 +147,6 @@ def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
 
 def _child_setup(parent: int) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec: no imports, no locks
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())  # a parent may block SIGTERM around start
         set_pdeathsig(signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(1)

@@ -167,11 +167,14 @@ def test_a_check_run_the_kill_cannot_end_is_judged_without_being_reaped(tmp_path
 
 def test_a_sigterm_while_the_checks_start_kills_them_and_is_the_wrappers(tmp_path, monkeypatch) -> None:
     """slurmd's SIGTERM can come while the checks are being started (they exist, their pid is
-    not yet known): it is held back until it is, then kills their group and ends the run as
+    not yet known): it is kept until it is, then kills their group and ends the run as
     Terminated (the drain says so), instead of killing the wrapper with the checks left to run.
-    The checks start with no signal blocked."""
+    The process has a second thread, as pytest-xdist's workers do: the kernel may hand a
+    process-directed signal to either (a signal mask held in one thread did not hold it back:
+    seen in CI's run, the checks left running)."""
     import os
     import signal
+    import threading
 
     from checks.fleet import slurm_gate
     from checks.supervise import procs
@@ -185,15 +188,19 @@ def test_a_sigterm_while_the_checks_start_kills_them_and_is_the_wrappers(tmp_pat
 
     def start_then_sigterm(*args, **kwargs):
         proc = real_start(*args, **kwargs)
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        seen["pid"], seen["blocked"] = proc.pid, status.split("SigBlk:")[1].split()[0]
+        seen["pid"] = proc.pid
         os.kill(os.getpid(), signal.SIGTERM)  # before start returns to the wrapper
         return proc
 
     monkeypatch.setattr(procs, "start", start_then_sigterm)
-    with pytest.raises(slurm_gate.Terminated, match="killed by signal 15 before it finished"):
-        slurm_gate.run_checks("quick", [], timeout_s=30.0)
-    assert int(str(seen["blocked"]), 16) == 0, seen
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        with pytest.raises(slurm_gate.Terminated, match="killed by signal 15 before it finished"):
+            slurm_gate.run_checks("quick", [], timeout_s=30.0)
+    finally:
+        stop.set()
     stat = Path(f"/proc/{seen['pid']}/stat")
     for _ in range(50):  # killed with its group (a zombie until reaped)
         if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
