@@ -111,11 +111,12 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
         cmd = [sys.executable, "-m", "checks", "--level", level, "--json", str(path), "-q", *extra]
         env = {**os.environ, procs.ENV_PROGRESS: str(progress)}
         started: list[subprocess.Popen[str]] = []
-        pending: list[int] = []
+        pending = 0  # a signal that came while the checks were being started
 
         def on_term(signum: int, frame: object) -> None:
+            nonlocal pending
             if not started:  # the checks are being started: their group is killed once known
-                pending.append(signum)
+                pending = signum
                 return
             for child in started:
                 _kill_group(child.pid)
@@ -131,7 +132,7 @@ def run_checks(level: str, extra: Sequence[str], timeout_s: float, progress: Pat
                                env=env)
             started.append(proc)
             if pending:
-                on_term(pending[0], None)
+                on_term(pending, None)
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)

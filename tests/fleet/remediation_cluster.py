@@ -155,8 +155,7 @@ class Node:
         return state.rstrip("*"), reason
 
     def in_service(self) -> bool:
-        """IDLE with no reason; `*` (not responding) allowed: slurmctld marks a node it has not
-        pinged since its slurmd restarted (a reboot) for a second or two."""
+        """IDLE with no reason, `*` allowed (judged)."""
         state, reason = self.judged()
         return state == "idle" and not reason
 
