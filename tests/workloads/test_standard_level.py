@@ -3,9 +3,14 @@ checks run for real (gloo ranks, CPU compute, real DataLoader workers) and pass.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importlib mode: tests/ for hostdisk
+from hostdisk import Window
 
 pytestmark = pytest.mark.slow
 
@@ -16,14 +21,18 @@ GPU_NAMED = ["gpu-matmul", "gpu-membw", "p2p-bandwidth"]
 
 
 def test_standard_level_passes_here_with_the_workload_checks_run(run_cli: Any) -> None:
-    code, report = run_cli("--level", "standard")
+    with Window() as disk:
+        code, report = run_cli("--level", "standard")
     checks = {c["id"]: c for c in report["checks"]}
     statuses = {i: checks[i]["status"] for i in REAL_ON_CPU}
     assert statuses == dict.fromkeys(REAL_ON_CPU, "PASS"), {
         i: checks[i]["results"][0]["message"] for i in REAL_ON_CPU}
     assert {i: checks[i]["status"] for i in GPU_NAMED} == dict.fromkeys(GPU_NAMED, "SKIP")
-    assert code == 0, [(c["id"], c["status"]) for c in report["checks"]
-                       if c["status"] in ("FAIL", "ERROR")]
+    # disk-space judges this host's shared disk: what it must say is read apart (tests/hostdisk.py).
+    assert checks["disk-space"]["status"] in disk.allowed(), checks["disk-space"]["results"]
+    assert [(c["id"], c["status"]) for c in report["checks"] if c["id"] != "disk-space"
+            and c["status"] in ("FAIL", "ERROR")] == []
+    assert code == (1 if checks["disk-space"]["status"] == "FAIL" else 0)
     (col,) = checks["nccl-allreduce"]["results"]
     assert col["details"]["backend"] == "gloo" and col["details"]["world_size"] == 2
     assert col["details"]["curve"][-1]["bytes"] == 4 << 20
