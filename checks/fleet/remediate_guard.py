@@ -56,49 +56,89 @@ def breaker_open(run: Run) -> bool:
     return True
 
 
+# A claim's first word: the node wants a place in the budget and has not taken it yet.
+CLAIM = "CLAIM"
+BUSY_WORDS = (CLAIM, "RESET", "REBOOT", "VERIFY")
+# A claim is read back once slurmctld's clock has passed the second it was stamped with (sinfo %H
+# has whole seconds) by this margin: every claim stamped in that second or before is then visible
+# to every claimant. The nodes' clocks must agree with the controller's within it (NTP, chrony).
+SETTLE_S = 1.0
+
+
 def in_remediation(run: Run) -> list[Seen]:
-    """Nodes the loop is working on now (reset, reboot, verify in their reason, or a reboot of
-    ours pending), sorted by name."""
+    """Nodes the loop is working on now (a claim, reset, reboot or verify in their reason, or a
+    reboot of ours pending), sorted by name."""
     return sorted((s for s in run.cluster.values()
-                   if run.word(s.state.reason) in ("RESET", "REBOOT", "VERIFY")
+                   if run.word(s.state.reason) in BUSY_WORDS
                    or (s.state.reboot_pending and run.ours(s.state.reason))),
                   key=lambda s: s.name)
 
 
-def budget(run: Run) -> tuple[int, list[str]]:
+def _places(run: Run) -> tuple[int, list[Seen]]:
     """How many nodes may be in remediation at once in this node's partitions, and those that
     are (this node included when it is)."""
     me = run.cluster[run.node]
     allowed = run.policy.max_remediating
-    busy: set[str] = set()
+    busy: dict[str, Seen] = {}
     for part in me.partitions or ("",):
         members = [s for s in run.cluster.values() if part in s.partitions or not part]
         allowed = min(allowed, max(1, math.floor(run.policy.max_fraction * len(members))))
-        busy |= {s.name for s in in_remediation(run) if part in s.partitions or not part}
-    return allowed, sorted(busy)
+        busy |= {s.name: s for s in in_remediation(run) if part in s.partitions or not part}
+    return allowed, sorted(busy.values(), key=lambda s: s.name)
+
+
+def budget(run: Run) -> tuple[int, list[str]]:
+    allowed, busy = _places(run)
+    return allowed, [s.name for s in busy]
+
+
+def _ahead(run: Run, stamp: float | None) -> tuple[int, list[str]]:
+    """The nodes that hold a place before this one's claim: every node past its claim (reset,
+    reboot, verify, a reboot of ours pending), and the claims stamped earlier, or in the same
+    second by a node whose name sorts first. A stamp sinfo does not give counts as earliest."""
+    allowed, busy = _places(run)
+    mine = (math.inf if stamp is None else stamp, run.node)
+    ahead = [s.name for s in busy if s.name != run.node and (
+        run.word(s.state.reason) != CLAIM
+        or (-math.inf if s.reason_at is None else s.reason_at, s.name) < mine)]
+    return allowed, ahead
+
+
+def _settle(stamp: float | None) -> None:
+    """Wait until the claim's second has passed on slurmctld's clock (by SETTLE_S on ours); at
+    most 1 + 2 * SETTLE_S, whatever the clocks say."""
+    now = time.time()
+    until = (math.floor(now) if stamp is None else stamp) + 1 + SETTLE_S
+    time.sleep(min(max(0.0, until - now), 1 + 2 * SETTLE_S))
 
 
 def claim(run: Run, rec: Record, reason: str, before: str) -> bool:
-    """Take a place in the budget: set the stage's reason, read the cluster again, and give the
-    place back (restore the reason) when more nodes than allowed claimed at the same time and
-    this one is not among the first `allowed` names (every node reads the same set)."""
+    """Take a place in the budget. The reason first says CLAIM; once every claim stamped in the
+    same second is visible (the settle), the node takes the stage's reason when fewer than the
+    allowed nodes are ahead of it (_ahead), else it sets its reason back and waits. slurmctld
+    orders the writes, so of nodes claiming together exactly the allowed number go on, whatever
+    the order their reads interleave in."""
     allowed, busy = budget(run)
     others = [n for n in busy if n != run.node]
     if len(others) >= allowed:
         run.log("wait", "budget", before, before, rec,
                 f"{len(others)} nodes in remediation ({', '.join(others)}), at most {allowed} at once")
         return False
-    cmd = run.set_reason(reason)
     if not run.apply:
+        run.set_reason(reason)
         return True
+    run.set_reason(f"{run.prefix}: {CLAIM} {reason[len(run.prefix) + 1:].strip()}")
+    stamp = run.look().reason_at
+    _settle(stamp)
     run.look()
-    allowed, busy = budget(run)
-    if len(busy) > allowed and run.node not in busy[:allowed]:
-        run.set_reason(rec.reason)
+    allowed, ahead = _ahead(run, stamp)
+    if len(ahead) >= allowed:
+        cmd = run.set_reason(rec.reason)
         run.log("wait", "budget", before, before, rec,
-                f"claimed together with {', '.join(n for n in busy if n != run.node)}; "
-                f"at most {allowed} at once: this node waits", cmd)
+                f"claimed together with {', '.join(ahead)}, ahead of this node; at most {allowed} "
+                "at once: this node waits", cmd)
         return False
+    run.set_reason(reason)
     return True
 
 

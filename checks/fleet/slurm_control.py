@@ -176,9 +176,10 @@ def node_state(node: str) -> NodeState:
 
 
 # The remediation loop's own reasons (checks.fleet.remediate: "<prefix>: REBOOT ...", "VERIFY",
-# "RESET", "RMA", "HOLD"): a health check or Prolog neither resumes such a node (only a
-# verification at the level that caught the fault does) nor hides the stage behind a new reason.
-REMEDIATION_WORDS = ("RESET", "REBOOT", "VERIFY", "RMA", "HOLD")
+# "RESET", "RMA", "HOLD", and "CLAIM" while it takes a place in its budget): a health check or
+# Prolog neither resumes such a node (only a verification at the level that caught the fault
+# does) nor hides the stage behind a new reason.
+REMEDIATION_WORDS = ("CLAIM", "RESET", "REBOOT", "VERIFY", "RMA", "HOLD")
 
 
 def held_by_remediation(reason: str, prefix: str) -> bool:
