@@ -25,8 +25,9 @@ Five hosts, five starting points, one run (then a second that must change nothin
                     needed removed. Where the archive lists a 580-server build its pool does not
                     serve (jammy on 2026-12-06: 580.196.07, 404), its sources also name a site
                     repository of the newest older build the pool serves (580.178.04,
-                    e2elib.sitedriver), its kernel is one whose modules are built for that build,
-                    and the play must install that build and say why not the newest listed;
+                    e2elib.sitedriver), its desktop build comes from there (older than the
+                    build the archive lists), its kernel is one whose modules are built for that
+                    build, and the play must install that build and say why not the newest listed;
   noble-release     a noble HGX H100 node installed from 24.04's release pocket alone, on the
                     branch noble released with (nvidia_driver_branch 535: Canonical's genuine
                     535.161.08 -server, its precompiled open modules for 6.8.0-31, Fabric Manager
@@ -309,13 +310,13 @@ def ubuntu(
     if "noble-image" in roots:
         start_as_vendor_image(roots["noble-image"], nvidia_repo, workdir)
     desktop: list[str] = []
-    # Not on the site repository's build: apt's resolver cannot plan the desktop -> server move there
-    # ("pkgProblemResolver::Resolve generated breaks": nvidia-kernel-source-580-open and
-    # -580-server-open both conflict with nvidia-kernel-source), with or without the role's pin.
-    if "jammy-image" in roots and "jammy-image" not in site_repos:
-        desktop = start_on_the_desktop_build(roots["jammy-image"], kernels["jammy-image"])
-    elif "jammy-image" in roots:
-        apt_in(roots["jammy-image"], "apt-get", "update", "-q")  # the site repository's lists
+    # Where the site repository serves the build, the desktop build comes from it too: older than
+    # the build the archive lists, as on a workstation installed months before (apt's resolver
+    # cannot plan that move from the server build's names alone: tasks/install.yml).
+    if "jammy-image" in roots:
+        desktop = start_on_the_desktop_build(
+            roots["jammy-image"], kernels["jammy-image"], from_site="jammy-image" in site_repos
+        )
     inventory = workdir / "ubuntu.yml"
     if not roots:
         return Ubuntu(roots, skipped, kernels, inventory, None, None, None, desktop, site)
@@ -475,8 +476,6 @@ def test_the_desktop_build_was_replaced_with_what_it_brought(ubuntu):
     only it needed (X server, Mesa, DKMS) is gone, and apt has nothing of it left to autoremove."""
     if "jammy-image" in ubuntu.skipped:
         pytest.skip(ubuntu.skipped["jammy-image"])
-    if "jammy-image" in ubuntu.site:
-        pytest.skip("jammy-image starts without the desktop build where it takes the site repository's build")
     root = ubuntu.roots["jammy-image"]
     assert ubuntu.first is not None and ubuntu.first.rc == 0, ubuntu.first
     brought = set(ubuntu.desktop)

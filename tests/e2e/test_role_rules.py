@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -885,16 +886,54 @@ def test_the_desktop_build_of_the_branch_is_told_from_the_server_build():
 
 
 def test_the_desktop_build_is_replaced_only_from_ubuntus_archive():
-    expression = task_var(
-        "nvidia_driver/tasks/install.yml", "Find driver packages of other branches",
-        "_nvidia_driver_other_branches",
-    ).strip().removeprefix("{{").removesuffix("}}")
+    # install.yml and source.yml (before any change) read the same variable.
+    for tasks_file, task in (("install.yml", "Find driver packages of other branches"),
+                             ("source.yml", "Find driver packages of other branches before any change")):
+        tasks = yaml.safe_load((roletemplate.ROLES / "nvidia_driver/tasks" / tasks_file).read_text())
+        found = [t for t in tasks if t.get("name") == task]
+        found += [b for t in tasks for b in t.get("block", []) if b.get("name") == task]
+        (only,) = found
+        assert only["ansible.builtin.set_fact"] == {
+            "_nvidia_driver_other_branches": "{{ _nvidia_driver_installed_other_branches }}"}, tasks_file
     installed = {name: [{"version": "580.196.07-0ubuntu0.24.04.1"}] for name in ["nvidia-driver-580", "curl"]}
     for repository, replaced in (("ubuntu", ["nvidia-driver-580"]), ("nvidia", [])):
         assert roletemplate.render(
-            expression, "nvidia_driver", nvidia_driver_repository=repository,
+            "_nvidia_driver_installed_other_branches", "nvidia_driver", nvidia_driver_repository=repository,
             ansible_facts={"packages": installed}, **driver_facts(),
         ) == replaced
+
+
+def test_the_move_names_what_it_replaces_for_removal_in_the_same_request():
+    """From Ubuntu's archive, the packages of another branch or of the desktop build are named for
+    removal ("name-") in the install's own apt request and in the fetches before any change; never
+    NVIDIA's unbranched names (installed again under the same name), never from NVIDIA's
+    repository (its install is the apt module's)."""
+    others = ["nvidia-driver-580-open", "nvidia-kernel-source-580-open", "nvidia-utils-535-server",
+              "libnvidia-compute", "nvidia-driver"]
+    for repository, removals in (
+        ("ubuntu", ["nvidia-driver-580-open-", "nvidia-kernel-source-580-open-", "nvidia-utils-535-server-"]),
+        ("nvidia", []),
+    ):
+        assert roletemplate.render(
+            "_nvidia_driver_move_removals", "nvidia_driver", nvidia_driver_repository=repository,
+            _nvidia_driver_other_branches=others, **driver_facts(),
+        ) == removals, repository
+    nothing_else = roletemplate.render(
+        "_nvidia_driver_move_removals", "nvidia_driver", nvidia_driver_repository="ubuntu", **driver_facts())
+    assert nothing_else == []
+    tasks = {t["name"]: t for t in yaml.safe_load(
+        (roletemplate.ROLES / "nvidia_driver/tasks/install.yml").read_text())}
+    move = tasks["Install the NVIDIA driver packages in place of the other driver packages"]
+    request = move["vars"]["_nvidia_driver_move_request"]
+    assert "_nvidia_driver_move_removals" in request
+    assert "'--purge'" in move["ansible.builtin.command"]["argv"]
+    assert move["notify"] == "Rebuild the initramfs"
+    assert "_nvidia_driver_move_removals | length == 0" in tasks["Install the NVIDIA driver packages"]["when"]
+    simulated = tasks["Install the NVIDIA driver packages, simulated in check mode"]["vars"]
+    assert simulated["_preflight_apt_packages"] == request
+    for tasks_file in ("served_try.yml", "fetchable.yml"):
+        text = (roletemplate.ROLES / "nvidia_driver/tasks" / tasks_file).read_text()
+        assert "+ _nvidia_driver_move_removals" in text, tasks_file
 
 
 OLD_KERNEL = "6.8.0-88-generic"
