@@ -918,6 +918,10 @@ def test_the_move_names_what_it_replaces_for_removal_in_the_same_request():
             "_nvidia_driver_move_removals", "nvidia_driver", nvidia_driver_repository=repository,
             _nvidia_driver_other_branches=others, **driver_facts(),
         ) == removals, repository
+    pins = ["nvidia-utils-580-server=1", "libnvidia-compute-580-server=1"]
+    pinned = roletemplate.render("_nvidia_driver_install_request", "nvidia_driver", _nvidia_driver_pins=pins,
+                                 _nvidia_driver_packages=["nvidia-utils-580-server", "m"], **driver_facts())
+    assert pinned == ["m", "nvidia-utils-580-server=1", "libnvidia-compute-580-server=1"]
     nothing_else = roletemplate.render(
         "_nvidia_driver_move_removals", "nvidia_driver", nvidia_driver_repository="ubuntu", **driver_facts())
     assert nothing_else == []
